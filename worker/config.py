@@ -1,0 +1,218 @@
+"""Configuration: frozen dataclasses, loaded and validated once from YAML.
+
+Every error names the file, the key and what was expected. Relative paths are resolved against
+the config file's folder, so `worker --config /srv/line3/config.yaml` works from any directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from worker.errors import ConfigError
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp")
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    observer: Literal["native", "polling"] = "native"
+    settle_s: float = 1.0  # size and mtime unchanged this long => fully written (polling, copy tools)
+    poll_interval_s: float = 1.0  # polling observer period
+    rescan_interval_s: float = 30.0  # periodic inbox rescan, catches missed events; 0 disables
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    queue_size: int = 64  # bound of every queue between stages; full => the stage before waits
+    decode_workers: int = 0  # 0 = chosen from the core count
+    infer_workers: int = 0  # threads calling the one shared session; 0 = chosen from the core count
+    max_batch: int = 1  # micro-batch size (only for cards with dynamic_batch)
+    max_delay_ms: float = 2.0  # how long the batcher waits to fill a batch
+    max_pixels: int = 80_000_000  # refuse larger images before decoding them (decompression bombs)
+    max_attempts: int = 3  # an image that failed this many times is quarantined as failed
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    providers: Literal["auto", "cpu", "cuda"] = "auto"
+    require_gpu: bool = False  # refuse to start unless CUDA is really active
+    intra_op_threads: int = 0  # 0 = chosen from the core count and infer_workers
+    device_id: int = 0
+    gpu_mem_limit_mb: int = 0  # 0 = no limit
+    arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = "kSameAsRequested"
+    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = "HEURISTIC"
+
+
+@dataclass(frozen=True)
+class OutputConfig:
+    json: bool = True  # <outbox>/<rel>.json per image
+    masks: bool = True  # <outbox>/<rel>.mask.png for segmentation models
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    memory_sample_s: float = 5.0  # memory sample period
+    warmup_s: float = 60.0  # samples before this are left out of the RSS slope
+
+
+@dataclass(frozen=True)
+class Config:
+    inbox: Path = Path("var/inbox")
+    outbox: Path = Path("var/outbox")
+    archive: Path = Path("var/archive")
+    db: str = "sqlite:///var/worker.db"
+    model: str = "ppocr-det"
+    models_dir: Path = Path("models")
+    cache_dir: Path = Path(".cache/worker")
+    extensions: tuple[str, ...] = IMAGE_EXTENSIONS
+    watch: WatchConfig = field(default_factory=WatchConfig)
+    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    outputs: OutputConfig = field(default_factory=OutputConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    source: Path | None = field(default=None, metadata={"internal": True})  # the file it came from
+
+    def with_overrides(self, **changes: Any) -> "Config":
+        """Apply CLI overrides (None means 'not given'); paths stay as given (relative to the cwd)."""
+        given = {k: v for k, v in changes.items() if v is not None}
+        for key in ("inbox", "outbox", "archive", "cache_dir", "models_dir"):
+            if key in given:
+                given[key] = Path(given[key]).absolute()
+        return dataclasses.replace(self, **given)
+
+    def as_dict(self) -> dict[str, Any]:
+        def conv(v: Any) -> Any:
+            if isinstance(v, Path):
+                return str(v)
+            if isinstance(v, tuple):
+                return list(v)
+            return v
+
+        return {k: conv(v) for k, v in _flatten(dataclasses.asdict(self)).items()}
+
+
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def default_config_path() -> Path | None:
+    """$WORKER_CONFIG, else ./config.yaml if present."""
+    env = os.environ.get("WORKER_CONFIG")
+    if env:
+        return Path(env)
+    here = Path("config.yaml")
+    return here if here.exists() else None
+
+
+def load(path: Path | None) -> Config:
+    """Load and validate a config file; None gives the defaults (paths relative to the cwd)."""
+    if path is None:
+        return _resolve(Config(), Path.cwd())
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if raw is None:
+        raw = {}
+    cfg = build(Config, raw, str(path), "")
+    cfg = dataclasses.replace(cfg, source=path.absolute())
+    return _resolve(cfg, path.absolute().parent)
+
+
+def _resolve(cfg: Config, base: Path) -> Config:
+    def abs_(p: Path) -> Path:
+        p = Path(os.path.expanduser(p))
+        return p if p.is_absolute() else (base / p)
+
+    db = cfg.db
+    if db.startswith("sqlite:///") and not db.startswith("sqlite:////") and db != "sqlite:///:memory:":
+        db = "sqlite:///" + str(abs_(Path(db[len("sqlite:///"):])))
+    exts = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in cfg.extensions)
+    return dataclasses.replace(
+        cfg,
+        inbox=abs_(cfg.inbox),
+        outbox=abs_(cfg.outbox),
+        archive=abs_(cfg.archive),
+        models_dir=abs_(cfg.models_dir),
+        cache_dir=abs_(cfg.cache_dir),
+        db=db,
+        extensions=exts,
+    )
+
+
+T = typing.TypeVar("T")
+
+
+def build(cls: type[T], raw: Any, file: str, prefix: str) -> T:
+    """Build dataclass `cls` from a YAML mapping, checking keys and types."""
+    where = prefix.rstrip(".") or "top level"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{file}: {where}: expected a mapping, got {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}  # type: ignore[arg-type]
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in fields:
+            raise ConfigError(
+                f"{file}: unknown key '{prefix}{key}' (expected one of: {', '.join(sorted(fields))})"
+            )
+        kwargs[key] = _coerce(hints[key], value, file, f"{prefix}{key}")
+    return cls(**kwargs)
+
+
+def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        return build(tp, value, file, key + ".")  # type: ignore[arg-type]
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _coerce(inner[0], value, file, key)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{file}: '{key}' must be one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise ConfigError(f"{file}: '{key}' must be a list, got {value!r}")
+        return tuple(_coerce(args[0], v, file, key) for v in value)
+    if tp is Path:
+        if not isinstance(value, str) or not value:
+            raise ConfigError(f"{file}: '{key}' must be a path (string), got {value!r}")
+        return Path(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{file}: '{key}' must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigError(f"{file}: '{key}' must be a non-negative integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ConfigError(f"{file}: '{key}' must be a non-negative number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{file}: '{key}' must be a string, got {value!r}")
+        return value
+    raise ConfigError(f"{file}: '{key}': unsupported type {tp}")  # pragma: no cover - programming error

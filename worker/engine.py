@@ -1,0 +1,107 @@
+"""The one onnxruntime session of a process, shared by every inference thread (`run` is thread-safe).
+
+Providers: CUDA first when it is available, else CPU. onnxruntime-gpu silently falls back to CPU
+when CUDA libraries are missing, so the providers that are really active are read back from
+`session.get_providers()`, logged and stored with the run; `require_gpu` turns a fallback into an error.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from worker.config import EngineConfig
+from worker.errors import ModelError, ProviderError
+
+log = logging.getLogger(__name__)
+
+
+def default_threads(cores: int | None = None) -> tuple[int, int, int]:
+    """(decode_workers, infer_workers, intra_op_threads) that do not oversubscribe the cores.
+
+    On CPU, several single-threaded `run` calls in parallel beat one multi-threaded call
+    (onnxruntime's intra-op pool is unstable on small machines; see FACTS), so one inference
+    thread per core, one intra-op thread each.
+    """
+    n = cores or os.cpu_count() or 1
+    return max(1, min(n, 4)), max(1, n), 1
+
+
+class Engine:
+    def __init__(self, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, input_name: str = "",
+                 output_name: str = "") -> None:
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = intra_op_threads
+        opts.inter_op_num_threads = 1
+        # decode threads and spinning intra-op threads fight for the same cores
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        opts.log_severity_level = 3
+        wanted = self._providers(cfg)
+        try:
+            self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=wanted)
+        except Exception as e:
+            raise ModelError(f"{onnx_path}: onnxruntime cannot load it: {e}") from None
+        self.providers: list[str] = self.session.get_providers()
+        log.info("onnxruntime %s, active providers: %s", ort.__version__, ", ".join(self.providers))
+        if cfg.require_gpu and "CUDAExecutionProvider" not in self.providers:
+            raise ProviderError(
+                f"engine.require_gpu is set but CUDA is not active (active: {', '.join(self.providers)}; "
+                f"available: {', '.join(ort.get_available_providers())})")
+        inputs = self.session.get_inputs()
+        outputs = self.session.get_outputs()
+        self.input_name = input_name or inputs[0].name
+        self.output_name = output_name or outputs[0].name
+        if self.input_name not in {i.name for i in inputs}:
+            raise ModelError(f"{onnx_path}: no input named '{self.input_name}' (has {[i.name for i in inputs]})")
+        if self.output_name not in {o.name for o in outputs}:
+            raise ModelError(f"{onnx_path}: no output named '{self.output_name}' (has {[o.name for o in outputs]})")
+        self.input_shape = next(i.shape for i in inputs if i.name == self.input_name)
+
+    @staticmethod
+    def _providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]]:
+        cpu: list[str | tuple[str, dict[str, str]]] = ["CPUExecutionProvider"]
+        if cfg.providers == "cpu":
+            return cpu
+        if "CUDAExecutionProvider" not in ort.get_available_providers():
+            if cfg.providers == "cuda" or cfg.require_gpu:
+                raise ProviderError(f"CUDA requested but this onnxruntime build has no CUDA provider "
+                                    f"(available: {', '.join(ort.get_available_providers())})")
+            return cpu
+        cuda = {
+            "device_id": str(cfg.device_id),
+            "arena_extend_strategy": cfg.arena_extend_strategy,
+            "cudnn_conv_algo_search": cfg.cudnn_conv_algo_search,
+        }
+        if cfg.gpu_mem_limit_mb:
+            cuda["gpu_mem_limit"] = str(cfg.gpu_mem_limit_mb * 1024 * 1024)
+        return [("CUDAExecutionProvider", cuda), *cpu]
+
+    @property
+    def on_gpu(self) -> bool:
+        return "CUDAExecutionProvider" in self.providers
+
+    def check_input(self, size_hw: tuple[int, int], name: str) -> None:
+        """Fail at start, not on the first image, when the card's input size contradicts the model."""
+        shape = self.input_shape
+        if len(shape) != 4:
+            raise ModelError(f"model '{name}': input '{self.input_name}' has rank {len(shape)}, expected NCHW")
+        for dim, want, what in ((shape[2], size_hw[0], "height"), (shape[3], size_hw[1], "width")):
+            if isinstance(dim, int) and dim != want:
+                raise ModelError(f"model '{name}': card says input {what} {want}, the ONNX file says {dim}")
+
+    @property
+    def static_batch(self) -> int | None:
+        first = self.input_shape[0] if self.input_shape else None
+        return first if isinstance(first, int) else None
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """(N, 3, H, W) float32 -> the selected output, (N, ...)."""
+        return self.session.run([self.output_name], {self.input_name: batch})[0]
+
+    def warm_up(self, batch_size: int, size_hw: tuple[int, int]) -> None:
+        """One run at the largest batch before intake starts, so the first image sees no cold start."""
+        self.run(np.zeros((batch_size, 3, *size_hw), dtype=np.float32))

@@ -1,0 +1,1 @@
+"""Intake: turns files into jobs. It only enqueues; the pipeline consumes."""

@@ -1,0 +1,161 @@
+"""Hot-folder intake: watchdog events -> settled files -> jobs.
+
+The watchdog handler only records paths (it never blocks); the intake loop decides when a file is
+complete and submits it. Complete means: a close-after-write or moved-in event, or (polling
+observers, copy tools that keep the file open) size and mtime unchanged for `settle_s`. A periodic
+rescan finds files whose events were missed (queue overflow, restarts, network shares).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+from worker.intake.scan import is_candidate, walk
+from worker.jobs import Job
+
+log = logging.getLogger(__name__)
+
+
+def make_observer(kind: str, poll_interval_s: float = 1.0) -> BaseObserver:
+    """The only place that picks the observer backend: native (inotify, ...) or polling (network shares)."""
+    if kind == "polling":
+        return PollingObserver(timeout=poll_interval_s)
+    return Observer()
+
+
+@dataclass
+class _Pending:
+    size: int
+    mtime_ns: int
+    since: float
+    ready: bool  # a close-write or moved-in event said the file is complete
+
+
+class Intake:
+    """Collects candidate paths and submits each complete file once."""
+
+    def __init__(self, root: Path, extensions: tuple[str, ...], settle_s: float, rescan_s: float,
+                 submit: Callable[[Job], None], skip: tuple[Path, ...] = ()) -> None:
+        self.root, self.extensions, self.settle_s, self.rescan_s = root, extensions, settle_s, rescan_s
+        self.submit, self.skip = submit, skip
+        self._pending: dict[Path, _Pending] = {}
+        self._inflight: dict[str, tuple[int, int]] = {}  # rel -> (size, mtime_ns) submitted, not finished
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+
+    # called from the observer thread: record and return, never block
+    def notify(self, path: Path, ready: bool) -> None:
+        if not is_candidate(path.name, self.extensions):
+            return
+        with self._lock:
+            p = self._pending.get(path)
+            if p is None:
+                self._pending[path] = _Pending(-1, -1, time.monotonic(), ready)
+            else:
+                p.ready = p.ready or ready
+        self._wake.set()
+
+    def forget(self, job: Job) -> None:
+        """The pipeline finished a job: its path may be submitted again if new content arrives."""
+        with self._lock:
+            if self._inflight.get(job.rel) == (job.size, job.mtime_ns):
+                del self._inflight[job.rel]
+
+    def rescan(self) -> None:
+        for path in walk(self.root, self.extensions, self.skip):
+            self.notify(path, ready=False)
+
+    def run(self, stop: threading.Event | None = None, burst: bool = False) -> int:
+        """Submit complete files until `stop` is set; burst: scan once, submit what settles, return."""
+        self.rescan()
+        submitted = 0
+        last_scan = time.monotonic()
+        while True:
+            submitted += self._tick()
+            with self._lock:
+                idle = not self._pending
+            if burst and idle:
+                return submitted
+            if stop is not None and stop.is_set():
+                return submitted
+            if self.rescan_s and time.monotonic() - last_scan >= self.rescan_s:
+                self.rescan()
+                last_scan = time.monotonic()
+            self._wake.wait(min(0.1, self.settle_s / 4 if self.settle_s else 0.1))
+            self._wake.clear()
+
+    def _tick(self) -> int:
+        now = time.monotonic()
+        with self._lock:
+            items = list(self._pending.items())
+        submitted = 0
+        for path, p in items:
+            try:
+                st = path.lstat()
+            except OSError:
+                self._drop(path)  # gone (renamed away, deleted): nothing to do
+                continue
+            changed = (st.st_size, st.st_mtime_ns) != (p.size, p.mtime_ns)
+            if changed:
+                p.size, p.mtime_ns, p.since = st.st_size, st.st_mtime_ns, now
+            if not (p.ready or (not changed and now - p.since >= self.settle_s)):
+                continue
+            self._drop(path)
+            rel = path.relative_to(self.root).as_posix()
+            sig = (st.st_size, st.st_mtime_ns)
+            with self._lock:
+                if self._inflight.get(rel) == sig:
+                    continue  # already submitted (a second event for the same content)
+                self._inflight[rel] = sig
+            self.submit(Job(path=path, rel=rel, size=st.st_size, mtime_ns=st.st_mtime_ns))
+            submitted += 1
+        return submitted
+
+    def _drop(self, path: Path) -> None:
+        with self._lock:
+            self._pending.pop(path, None)
+
+
+class _Handler(FileSystemEventHandler):
+    def __init__(self, intake: Intake) -> None:
+        self.intake = intake
+
+    def on_created(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.intake.notify(Path(str(event.src_path)), ready=False)
+        else:  # a folder moved or copied in: its files may have no events of their own
+            for path in walk(Path(str(event.src_path)), self.intake.extensions):
+                self.intake.notify(path, ready=False)
+
+    def on_modified(self, event: FileSystemEvent) -> None:
+        if not event.is_directory:
+            self.intake.notify(Path(str(event.src_path)), ready=False)
+
+    def on_closed(self, event: FileSystemEvent) -> None:  # close after write (inotify)
+        if not event.is_directory:
+            self.intake.notify(Path(str(event.src_path)), ready=True)
+
+    def on_moved(self, event: FileSystemEvent) -> None:  # renamed into place: complete
+        dest = Path(str(event.dest_path))
+        if event.is_directory:
+            for path in walk(dest, self.intake.extensions):
+                self.intake.notify(path, ready=True)
+        elif dest.is_relative_to(self.intake.root):
+            self.intake.notify(dest, ready=True)
+
+
+def start_observer(intake: Intake, kind: str, poll_interval_s: float) -> BaseObserver:
+    observer = make_observer(kind, poll_interval_s)
+    observer.schedule(_Handler(intake), str(intake.root), recursive=True)
+    observer.start()
+    return observer

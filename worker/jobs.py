@@ -1,0 +1,31 @@
+"""Jobs and their states: the unit of work that flows from intake to the recorder."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class JobStatus(str, enum.Enum):
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Job:
+    """One input file as intake saw it. `rel` is the POSIX path relative to the intake root."""
+
+    path: Path
+    rel: str
+    size: int
+    mtime_ns: int
+    enqueued_at: float = field(default_factory=time.perf_counter, compare=False, hash=False)
+
+    @classmethod
+    def from_path(cls, root: Path, path: Path) -> "Job":
+        st = path.stat()
+        return cls(path=path, rel=path.relative_to(root).as_posix(), size=st.st_size, mtime_ns=st.st_mtime_ns)

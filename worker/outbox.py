@@ -1,0 +1,117 @@
+"""The only writer of output files and the only mover of input files.
+
+Every file appears atomically: written to a hidden temporary name in the same folder, then renamed,
+so a reader (or a crash) never sees half a file. Paths are checked to stay inside their root.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+
+from worker.errors import WorkerError
+from worker.results import Mask, Result
+
+TMP_PREFIX = ".tmp-"
+
+
+def inside(root: Path, rel: str) -> Path:
+    """root/rel, refusing anything that would land outside root ('..', absolute paths)."""
+    target = (root / rel).resolve()
+    if not target.is_relative_to(root.resolve()) or Path(rel).is_absolute():
+        raise WorkerError(f"refusing path outside {root}: {rel!r}")
+    return target
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class Outbox:
+    """Writes <outbox>/<rel>.json and, for masks, <outbox>/<rel>.mask.png."""
+
+    def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True) -> None:
+        self.root = root
+        self.write_json = write_json
+        self.write_masks = write_masks
+        root.mkdir(parents=True, exist_ok=True)
+
+    def write(self, rel: str, result: Result, document: dict[str, Any]) -> tuple[str | None, str | None]:
+        """Write one image's outputs; returns (json_path, mask_path) relative to the outbox."""
+        mask_rel = None
+        if isinstance(result, Mask) and self.write_masks:
+            mask_rel = rel + ".mask.png"
+            ok, png = cv2.imencode(".png", result.mask.astype(np.uint8) * 255)
+            if not ok:
+                raise WorkerError(f"{rel}: PNG encoding of the mask failed")
+            write_atomic(inside(self.root, mask_rel), png.tobytes())
+            document = {**document, "mask_path": mask_rel}
+        json_rel = None
+        if self.write_json:
+            json_rel = rel + ".json"
+            write_atomic(inside(self.root, json_rel), json.dumps(document, indent=1).encode())
+        return json_rel, mask_rel
+
+    def remove_stale_temporaries(self) -> int:
+        """Temporary files a crash left behind (never complete outputs)."""
+        n = 0
+        for p in self.root.rglob(TMP_PREFIX + "*"):
+            p.unlink(missing_ok=True)
+            n += 1
+        return n
+
+
+def move_verified(src: Path, dst: Path) -> Path:
+    """Move src to dst (renaming dst with a content suffix if taken by other content).
+
+    Same filesystem: one rename. Across filesystems: copy to a temporary name, verify size and
+    sha256, rename, then delete the source, so a crash never leaves the file in neither place.
+    """
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists():
+        digest = _sha256(src)[:12]
+        if _sha256(dst)[:12] != digest:
+            dst = dst.with_name(f"{dst.name}.{digest}{dst.suffix}")
+    try:
+        os.replace(src, dst)
+        return dst
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=TMP_PREFIX)
+    os.close(fd)
+    try:
+        shutil.copy2(src, tmp)
+        if os.path.getsize(tmp) != os.path.getsize(src) or _sha256(Path(tmp)) != _sha256(src):
+            raise WorkerError(f"{src}: copy to {dst} did not verify; source kept")
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    src.unlink()
+    return dst
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()

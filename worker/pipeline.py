@@ -1,0 +1,322 @@
+"""The stages, wired by bounded queues:
+
+    submit(job) -> [jobs] -> prepare x N -> [prepared] -> batch + infer x M -> [inferred] -> finish x 1
+
+prepare: read, hash, skip/quarantine check, claim, decode, preprocess.
+infer:   micro-batch up to max_batch or max_delay_ms, one shared session.
+finish:  postprocess, outbox write, record, archive move (watch mode).
+A full queue makes the stage before it wait, never drop. Every per-image error becomes a failed
+result that flows on to the recorder. `close()` pushes sentinels through so jobs in flight finish.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from sqlalchemy import Engine as DbEngine
+
+from worker.engine import Engine
+from worker.errors import ImageError, InputGone, WorkerError
+from worker.images import decode
+from worker.jobs import Job, JobStatus
+from worker.metrics import MemorySampler, percentiles
+from worker.models.card import ModelCard
+from worker.outbox import Outbox, move_verified
+from worker.results import labels_of, top_score
+from worker.store.queries import lookup
+from worker.store.recorder import Claimed, Finished, Recorder
+from worker.tasks import TaskAdapter
+from worker.tasks.preprocess import Geometry
+
+log = logging.getLogger(__name__)
+_STOP: Any = object()
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the stages need from the config, resolved once (no config lookups inside loops)."""
+
+    decode_workers: int
+    infer_workers: int
+    max_batch: int
+    max_delay_ms: float
+    queue_size: int
+    max_pixels: int
+    max_attempts: int
+    memory_sample_s: float
+    archive: Path | None = None  # watch mode: inputs move to <archive>/done|failed/<rel>
+
+
+@dataclass
+class Counts:
+    done: int = 0
+    failed: int = 0
+    skipped: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+    @property
+    def processed(self) -> int:
+        return self.done + self.failed
+
+
+@dataclass
+class _Item:
+    """One image on its way through the stages (mutable, private to the pipeline)."""
+
+    job: Job
+    sha256: str = ""
+    size: int = 0
+    tensor: np.ndarray | None = None
+    geometry: Geometry | None = None
+    output: np.ndarray | None = None
+    error: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    batch_size: int = 0
+
+
+class Pipeline:
+    """Starts its threads on construction; use as a context manager or call close()."""
+
+    def __init__(self, *, card: ModelCard, engine: Engine, adapter: TaskAdapter, recorder: Recorder,
+                 outbox: Outbox, db: DbEngine, settings: Settings,
+                 on_finished: Callable[[Job, JobStatus], None] | None = None) -> None:
+        self.card, self.engine, self.adapter = card, engine, adapter
+        self.recorder, self.outbox, self.db, self.settings = recorder, outbox, db, settings
+        self.on_finished = on_finished
+        self.counts = Counts()
+        self._jobs: queue.Queue[Any] = queue.Queue(settings.queue_size)
+        self._prepared: queue.Queue[Any] = queue.Queue(settings.queue_size)
+        self._inferred: queue.Queue[Any] = queue.Queue(settings.queue_size)
+        self._pending = 0
+        self._idle = threading.Condition()
+        self._lock = threading.Lock()
+        size = (card.input.size[0], card.input.size[1])
+        self._size_hw = size
+        self._stages = [
+            [self._thread(f"prepare-{i}", self._prepare_loop) for i in range(settings.decode_workers)],
+            [self._thread(f"infer-{i}", self._infer_loop) for i in range(settings.infer_workers)],
+            [self._thread("finish", self._finish_loop)],
+        ]
+        self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
+                                      lambda: (self.depth(), self.counts.processed))
+
+    def _thread(self, name: str, target: Callable[[], None]) -> threading.Thread:
+        t = threading.Thread(target=target, name=name, daemon=True)
+        t.start()
+        return t
+
+    # -- the public surface ------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        """Queue a job; blocks while the pipeline is full (intake waits, nothing is dropped)."""
+        with self._idle:
+            self._pending += 1
+        self._jobs.put(job)
+
+    def depth(self) -> int:
+        return self._jobs.qsize() + self._prepared.qsize() + self._inferred.qsize()
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every submitted job has finished; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self) -> None:
+        """Finish the jobs in flight, then stop every thread (sentinels flow stage by stage)."""
+        queues = [self._jobs, self._prepared, self._inferred]
+        for q, threads in zip(queues, self._stages):
+            for _ in threads:
+                q.put(_STOP)
+            for t in threads:
+                t.join()
+        self._sampler.stop()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- stage 1: read, check, claim, decode, preprocess ------------------------------------
+    def _prepare_loop(self) -> None:
+        while (job := self._jobs.get()) is not _STOP:
+            item = _Item(job)
+            t0 = time.perf_counter()
+            item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
+            try:
+                self._prepare(item, t0)
+            except ImageError as e:
+                item.error = e.reason
+            except Exception as e:  # a bug or an OS error on one image: record it, keep going
+                log.exception("prepare %s", job.rel)
+                item.error = f"{type(e).__name__}: {e}"
+            if item.tensor is None:
+                self._inferred.put(item)  # failed or skipped: straight to finish
+            else:
+                self._prepared.put(item)
+
+    def _prepare(self, item: _Item, t0: float) -> None:
+        job = item.job
+        try:
+            data = job.path.read_bytes()
+        except FileNotFoundError:
+            raise InputGone(job.rel, "file disappeared before it could be read") from None
+        except (PermissionError, IsADirectoryError, OSError) as e:
+            raise InputGone(job.rel, f"cannot read file: {e.strerror or e}") from None
+        item.sha256, item.size = hashlib.sha256(data).hexdigest(), len(data)
+        known = lookup(self.db, job.rel, item.sha256, self.card.name)
+        if known is not None and known.status == JobStatus.DONE.value:
+            item.error = _SKIP
+            return
+        if known is not None and known.attempts >= self.settings.max_attempts:
+            raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
+                                      f" (last error: {known.error or 'worker stopped while processing it'})")
+        self.recorder.put(Claimed(job.rel, item.sha256, item.size))
+        image = decode(data, job.rel, self.settings.max_pixels)
+        t1 = time.perf_counter()
+        item.tensor, item.geometry = self.adapter.preprocess(image)
+        t2 = time.perf_counter()
+        item.timings.update(decode_ms=(t1 - t0) * 1000, preprocess_ms=(t2 - t1) * 1000)
+
+    # -- stage 2: micro-batch and run the one shared session --------------------------------
+    def _infer_loop(self) -> None:
+        s = self.settings
+        buf = np.empty((s.max_batch, 3, *self._size_hw), dtype=np.float32)  # reused every batch
+        stopping = False
+        while not stopping:
+            first = self._prepared.get()
+            if first is _STOP:
+                return
+            batch = [first]
+            deadline = time.perf_counter() + s.max_delay_ms / 1000
+            while len(batch) < s.max_batch:
+                try:
+                    nxt = self._prepared.get(timeout=max(deadline - time.perf_counter(), 0))
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stopping = True
+                    break
+                batch.append(nxt)
+            self._infer(batch, buf)
+
+    def _infer(self, batch: list[_Item], buf: np.ndarray) -> None:
+        n = len(batch)
+        for i, item in enumerate(batch):
+            buf[i] = item.tensor
+            item.tensor = None  # release the per-image input early
+        t0 = time.perf_counter()
+        try:
+            out = self.engine.run(buf[:n])
+        except Exception as e:
+            log.exception("inference failed for a batch of %d", n)
+            for item in batch:
+                item.error = f"inference failed: {e}"
+        else:
+            ms = (time.perf_counter() - t0) * 1000
+            for i, item in enumerate(batch):
+                item.output = out[i]
+                item.batch_size = n
+                item.timings["infer_ms"] = ms
+        for item in batch:
+            self._inferred.put(item)
+
+    # -- stage 3: postprocess, write, record, archive ---------------------------------------
+    def _finish_loop(self) -> None:
+        while (item := self._inferred.get()) is not _STOP:
+            try:
+                status = self._finish(item)
+            except Exception:
+                log.exception("finish %s", item.job.rel)
+                status = JobStatus.FAILED
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+            if self.on_finished is not None:
+                self.on_finished(item.job, status)
+
+    def _finish(self, item: _Item) -> JobStatus:
+        job = item.job
+        if item.error is _SKIP:
+            self.counts.skipped += 1
+            self._archive(job, JobStatus.DONE, None)
+            return JobStatus.DONE
+        event: Finished
+        t0 = time.perf_counter()
+        if item.error is None and item.output is not None and item.geometry is not None:
+            try:
+                event = self._succeed(item, t0)
+            except Exception as e:
+                log.exception("postprocess/write %s", job.rel)
+                item.error = f"{type(e).__name__}: {e}"
+        if item.error is not None:
+            log.warning("failed: %s: %s", job.rel, item.error)
+            event = Finished(job.rel, item.sha256, item.size, JobStatus.FAILED, error=item.error,
+                             timings=self._timings(item), committed=self._committed())
+        self.recorder.put(event)
+        status = event.status
+        if status is JobStatus.DONE:
+            self.counts.done += 1
+            self.counts.latencies_ms.append(event.timings["total_ms"] if event.timings else 0.0)
+        else:
+            self.counts.failed += 1
+        self._archive(job, status, event.committed)
+        return status
+
+    def _succeed(self, item: _Item, t0: float) -> Finished:
+        job = item.job
+        result = self.adapter.postprocess(item.output, item.geometry)  # type: ignore[arg-type]
+        t1 = time.perf_counter()
+        h, w = item.geometry.orig_hw  # type: ignore[union-attr]
+        document = {"image": job.rel, "sha256": item.sha256, "size": [w, h], "model": self.card.name,
+                    "task": self.card.task, **result.summary()}
+        json_path, mask_path = self.outbox.write(job.rel, result, document)
+        t2 = time.perf_counter()
+        item.timings.update(postprocess_ms=(t1 - t0) * 1000, write_ms=(t2 - t1) * 1000)
+        return Finished(job.rel, item.sha256, item.size, JobStatus.DONE, task=self.card.task,
+                        score=top_score(result), payload=document, json_path=json_path, mask_path=mask_path,
+                        labels=tuple(labels_of(result)), timings=self._timings(item),
+                        committed=self._committed())
+
+    def _timings(self, item: _Item) -> dict[str, float] | None:
+        if item.sha256 == "":
+            return None  # never read: nothing to time
+        t = item.timings
+        keys = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms")
+        out: dict[str, float] = {k: round(t.get(k, 0.0), 3) for k in keys}
+        out["total_ms"] = round((time.perf_counter() - item.job.enqueued_at) * 1000, 3)
+        out["batch_size"] = item.batch_size
+        return out
+
+    def _committed(self) -> threading.Event | None:
+        return threading.Event() if self.settings.archive is not None else None
+
+    def _archive(self, job: Job, status: JobStatus, committed: threading.Event | None) -> None:
+        """Watch mode: move the input out of the inbox, only once its row is durable."""
+        if self.settings.archive is None:
+            return
+        if committed is not None:
+            committed.wait()
+        folder = "done" if status is JobStatus.DONE else "failed"
+        try:
+            if job.path.is_symlink() or job.path.exists():
+                move_verified(job.path, self.settings.archive / folder / job.rel)
+        except (OSError, WorkerError) as e:
+            log.error("cannot archive %s: %s", job.rel, e)
+
+
+_SKIP = "already done with the same content and model"
+
+
+def summarize(counts: Counts, seconds: float) -> dict[str, Any]:
+    return {"images": counts.processed + counts.skipped, "done": counts.done, "failed": counts.failed,
+            "skipped": counts.skipped, "seconds": round(seconds, 3),
+            "images_per_s": round(counts.processed / seconds, 2) if seconds > 0 else 0.0,
+            **{k: round(v, 1) for k, v in percentiles(counts.latencies_ms).items()}}

@@ -1,0 +1,147 @@
+"""The library functions behind the CLI: assemble the parts once, run, summarize."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from worker.config import Config
+from worker.engine import Engine, default_threads
+from worker.errors import ConfigError
+from worker.intake.scan import walk
+from worker.intake.watch import Intake, start_observer
+from worker.jobs import Job, JobStatus
+from worker.models.card import ModelCard, find_card
+from worker.models.fetch import sha256_file
+from worker.models.pull import pull
+from worker.outbox import Outbox
+from worker.pipeline import Pipeline, Settings, summarize
+from worker.store.db import open_db
+from worker.store.recorder import Recorder, RunInfo
+from worker.tasks import adapter_for
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Summary:
+    run_id: int
+    mode: str
+    model: str
+    providers: tuple[str, ...]
+    outbox: Path
+    db: str
+    figures: dict[str, Any]
+
+
+def _check_dirs(cfg: Config, root: Path, archive: Path | None) -> None:
+    for name, path in (("outbox", cfg.outbox), ("archive", archive)):
+        if path is None:
+            continue
+        if path.resolve().is_relative_to(root.resolve()):
+            raise ConfigError(f"{cfg.source or 'config'}: '{name}' ({path}) must not be inside the input folder {root}")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"{cfg.source or 'config'}: '{name}' ({path}) cannot be created: {e.strerror}") from None
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{cfg.source or 'config'}: '{name}' ({path}) is not writable")
+
+
+@contextmanager
+def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = None,
+                  on_finished: Callable[[Job, JobStatus], None] | None = None) -> Iterator[Pipeline]:
+    """Card, model, database, engine (warmed up), recorder, outbox and pipeline, closed in order."""
+    _check_dirs(cfg, root, archive)
+    card: ModelCard = find_card(cfg.models_dir, cfg.model)
+    onnx = pull(card, cfg.cache_dir)
+    db = open_db(cfg.db)
+    p = cfg.pipeline
+    auto_decode, auto_infer, auto_intra = default_threads()
+    engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or auto_intra, card.input.name,
+                    card.postprocess.output)
+    size_hw = (card.input.size[0], card.input.size[1])
+    engine.check_input(size_hw, card.name)
+    max_batch = max(1, p.max_batch) if card.input.dynamic_batch else (engine.static_batch or 1)
+    engine.warm_up(max_batch, size_hw)
+    settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
+                        max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
+                        max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
+                        memory_sample_s=cfg.metrics.memory_sample_s or 5.0, archive=archive)
+    recorder = Recorder(db, RunInfo(mode=mode, root=str(root), model=card.name, model_sha256=sha256_file(onnx),
+                                    providers=",".join(engine.providers), config=cfg.as_dict()))
+    outbox = Outbox(cfg.outbox, cfg.outputs.json, cfg.outputs.masks)
+    outbox.remove_stale_temporaries()
+    try:
+        with Pipeline(card=card, engine=engine, adapter=adapter_for(card), recorder=recorder, outbox=outbox,
+                      db=db, settings=settings, on_finished=on_finished) as pipeline:
+            yield pipeline
+    finally:
+        recorder.close()
+        db.dispose()
+
+
+def _summary(cfg: Config, pipeline: Pipeline, mode: str, seconds: float) -> Summary:
+    return Summary(run_id=pipeline.recorder.run_id, mode=mode, model=pipeline.card.name,
+                   providers=tuple(pipeline.engine.providers), outbox=cfg.outbox, db=cfg.db,
+                   figures=summarize(pipeline.counts, seconds))
+
+
+def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
+               progress: Callable[[int], Any] | None = None, total: Callable[[int], Any] | None = None) -> Summary:
+    """Process every image under `folder` once (resumable: done images are skipped)."""
+    folder = folder.absolute()
+    if not folder.is_dir():
+        raise ConfigError(f"{folder}: not a folder")
+    paths = list(walk(folder, cfg.extensions, skip=(cfg.outbox,)))
+    if total is not None:
+        total(len(paths))
+    finished = (lambda job, status: progress(1)) if progress is not None else None
+    with open_pipeline(cfg, "run", folder, on_finished=finished) as pipeline:
+        t0 = time.perf_counter()
+        for path in paths:
+            if stop is not None and stop.is_set():
+                break
+            try:
+                job = Job.from_path(folder, path)
+            except OSError:  # vanished or unreadable: the pipeline records why
+                job = Job(path=path, rel=path.relative_to(folder).as_posix(), size=-1, mtime_ns=0)
+            pipeline.submit(job)
+        pipeline.drain()
+        summary = _summary(cfg, pipeline, "run", time.perf_counter() - t0)
+    return summary
+
+
+def watch(cfg: Config, stop: threading.Event, burst: bool = False,
+          on_finished: Callable[[Job, JobStatus], None] | None = None) -> Summary:
+    """Watch the inbox until `stop` is set; burst: process what is there now, then return."""
+    inbox = cfg.inbox.absolute()
+    inbox.mkdir(parents=True, exist_ok=True)
+    intake: Intake | None = None
+
+    def finished(job: Job, status: JobStatus) -> None:
+        if intake is not None:
+            intake.forget(job)
+        if on_finished is not None:
+            on_finished(job, status)
+
+    with open_pipeline(cfg, "watch", inbox, archive=cfg.archive, on_finished=finished) as pipeline:
+        t0 = time.perf_counter()
+        intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s, pipeline.submit)
+        observer = None if burst else start_observer(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
+        log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
+        try:
+            intake.run(stop, burst=burst)
+        finally:
+            if observer is not None:
+                observer.stop()
+                observer.join()
+        pipeline.drain()
+        summary = _summary(cfg, pipeline, "watch", time.perf_counter() - t0)
+    return summary

@@ -1,0 +1,1 @@
+"""The database: schema, engine factory, the one writer and the read queries."""

@@ -1,0 +1,141 @@
+"""What `query`, `stats` and the skip check read. Bound parameters only, portable SQL only."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Engine, and_, func, select
+
+from worker.metrics import percentiles, slope_per_hour
+from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
+
+
+@dataclass(frozen=True)
+class Known:
+    status: str
+    attempts: int
+    error: str | None
+
+
+def lookup(db: Engine, rel: str, sha256: str, model: str) -> Known | None:
+    """The ledger's word on one (path, content, model)."""
+    with db.connect() as c:
+        row = c.execute(select(ImageRow.status, ImageRow.attempts, ImageRow.error).where(
+            ImageRow.rel_path == rel, ImageRow.sha256 == sha256, ImageRow.model == model)).first()
+    return Known(row.status, row.attempts, row.error) if row else None
+
+
+def glob_to_like(pattern: str) -> str:
+    """Shell glob -> SQL LIKE with '\\' as escape (GLOB is SQLite-only)."""
+    out = []
+    for ch in pattern:
+        if ch in "%_\\":
+            out.append("\\" + ch)
+        elif ch == "*":
+            out.append("%")
+        elif ch == "?":
+            out.append("_")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class Filters:
+    status: str | None = None
+    path: str | None = None  # glob on the relative path
+    since: datetime | None = None
+    until: datetime | None = None
+    run_id: int | None = None
+    min_score: float | None = None
+    label: str | None = None
+    limit: int = 1000
+
+
+def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
+    """One row per image: status, error, score, top label and total latency."""
+    top_label = (select(LabelRow.name).where(LabelRow.image_id == ImageRow.id)
+                 .order_by(LabelRow.score.desc()).limit(1).scalar_subquery())
+    stmt = (select(ImageRow.id, ImageRow.run_id, ImageRow.rel_path, ImageRow.status, ImageRow.attempts,
+                   ImageRow.error, ImageRow.model, ImageRow.sha256, ImageRow.updated_at, ResultRow.task,
+                   ResultRow.score, ResultRow.json_path, ResultRow.mask_path, top_label.label("top_label"),
+                   TimingRow.total_ms)
+            .outerjoin(ResultRow, ResultRow.image_id == ImageRow.id)
+            .outerjoin(TimingRow, TimingRow.image_id == ImageRow.id))
+    conds = []
+    if f.status:
+        conds.append(ImageRow.status == f.status)
+    if f.path:
+        conds.append(ImageRow.rel_path.like(glob_to_like(f.path), escape="\\"))
+    if f.since:
+        conds.append(ImageRow.updated_at >= f.since)
+    if f.until:
+        conds.append(ImageRow.updated_at < f.until)
+    if f.run_id is not None:
+        conds.append(ImageRow.run_id == f.run_id)
+    if f.label is not None or f.min_score is not None:
+        sub = select(LabelRow.image_id)
+        if f.label is not None:
+            sub = sub.where(LabelRow.name == f.label)
+        if f.min_score is not None:
+            sub = sub.where(LabelRow.score >= f.min_score)
+        conds.append(ImageRow.id.in_(sub))
+    if conds:
+        stmt = stmt.where(and_(*conds))
+    stmt = stmt.order_by(ImageRow.updated_at, ImageRow.id).limit(f.limit)
+    with db.connect() as c:
+        rows = c.execute(stmt).mappings().all()
+    out = []
+    for r in rows:
+        d = dict(r)
+        d["updated_at"] = d["updated_at"].isoformat() if d["updated_at"] else None
+        out.append(d)
+    return out
+
+
+STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms", "total_ms")
+
+
+def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: float = 60.0) -> list[dict[str, Any]]:
+    """Per run: counts, throughput, per-stage latency percentiles and the RSS trend."""
+    with db.connect() as c:
+        q = select(Run).order_by(Run.id.desc()).limit(last)
+        if run_id is not None:
+            q = select(Run).where(Run.id == run_id)
+        runs = c.execute(q).mappings().all()
+        out = []
+        for run in reversed(runs):
+            rid = run["id"]
+            counts = dict(c.execute(select(ImageRow.status, func.count()).where(ImageRow.run_id == rid)
+                                    .group_by(ImageRow.status)).all())
+            timing_rows = c.execute(select(*[getattr(TimingRow, s) for s in STAGES], TimingRow.batch_size)
+                                    .where(TimingRow.run_id == rid)).all()
+            samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes)
+                                .where(MemorySample.run_id == rid).order_by(MemorySample.at)).all()
+            out.append(_one_run(dict(run), counts, timing_rows, samples, warmup_s))
+    return out
+
+
+def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any], samples: list[Any],
+             warmup_s: float) -> dict[str, Any]:
+    start, end = run["started_at"], run["finished_at"]
+    processed = counts.get("done", 0) + counts.get("failed", 0)
+    span = (end - start).total_seconds() if end else None
+    stages = {s: percentiles([r[i] for r in timing_rows]) for i, s in enumerate(STAGES)}
+    memory: dict[str, Any] = {"samples": len(samples)}
+    if samples:
+        t0 = samples[0].at
+        secs = [(s.at - t0).total_seconds() for s in samples]
+        mb = [s.rss_bytes / 2**20 for s in samples]
+        steady = [(t, m) for t, m in zip(secs, mb) if t >= warmup_s]
+        memory.update(rss_start_mb=round(mb[0], 1), rss_end_mb=round(mb[-1], 1), rss_peak_mb=round(max(mb), 1),
+                      slope_mb_per_h=round(slope_per_hour([t for t, _ in steady], [m for _, m in steady]), 3),
+                      steady_samples=len(steady))
+    return {"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
+            "started_at": start.isoformat(), "finished_at": end.isoformat() if end else None,
+            "counts": counts, "images_per_s": round(processed / span, 2) if span else None,
+            "batch_size_mean": round(sum(r[-1] for r in timing_rows) / len(timing_rows), 2) if timing_rows else None,
+            "latency_ms": {s: {k: round(v, 2) for k, v in p.items()} for s, p in stages.items()},
+            "memory": memory}

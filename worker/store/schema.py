@@ -1,0 +1,128 @@
+"""SQLAlchemy tables. Portable to PostgreSQL: UTC timestamps, JSON (JSONB there), enums as strings,
+autoincrement integer keys, no SQLite-only SQL."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import JSON, BigInteger, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+JsonType = JSON().with_variant(JSONB(), "postgresql")
+Id = BigInteger().with_variant(Integer(), "sqlite")  # SQLite autoincrements only INTEGER PRIMARY KEY
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC in Python on every backend (SQLite stores naive text, so tz is re-attached)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):  # type: ignore[no-untyped-def]
+        if value is not None:
+            if value.tzinfo is None:
+                raise ValueError("naive datetime given to a UTC column")
+            value = value.astimezone(timezone.utc)
+            if dialect.name == "sqlite":
+                value = value.replace(tzinfo=None)
+        return value
+
+    def process_result_value(self, value, dialect):  # type: ignore[no-untyped-def]
+        if value is not None and value.tzinfo is None:
+            value = value.replace(tzinfo=timezone.utc)
+        return value
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    started_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    mode: Mapped[str] = mapped_column(String(16))  # watch, run, soak, bench
+    host: Mapped[str] = mapped_column(String(255))
+    pid: Mapped[int] = mapped_column(Integer)
+    root: Mapped[str] = mapped_column(Text)  # the inbox or the folder being processed
+    model: Mapped[str] = mapped_column(String(255))
+    model_sha256: Mapped[str] = mapped_column(String(64))
+    providers: Mapped[str] = mapped_column(String(255))
+    config: Mapped[dict] = mapped_column(JsonType)
+    version: Mapped[str] = mapped_column(String(32))
+
+
+class ImageRow(Base):
+    __tablename__ = "images"
+    __table_args__ = (
+        UniqueConstraint("rel_path", "sha256", "model", name="uq_images_path_content_model"),
+        Index("ix_images_status", "status"),
+        Index("ix_images_updated_at", "updated_at"),
+    )
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)  # the run that last touched it
+    rel_path: Mapped[str] = mapped_column(Text)
+    sha256: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str] = mapped_column(String(255))
+    size: Mapped[int] = mapped_column(BigInteger)
+    status: Mapped[str] = mapped_column(String(16))  # JobStatus values
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ResultRow(Base):
+    __tablename__ = "results"
+    image_id: Mapped[int] = mapped_column(ForeignKey("images.id", ondelete="CASCADE"), primary_key=True)
+    task: Mapped[str] = mapped_column(String(16))
+    score: Mapped[float] = mapped_column(Float)  # top-1 probability, best box score or mean mask probability
+    payload: Mapped[dict] = mapped_column(JsonType)  # what the per-image JSON holds
+    json_path: Mapped[str | None] = mapped_column(Text)
+    mask_path: Mapped[str | None] = mapped_column(Text)
+
+
+class LabelRow(Base):
+    """One row per predicted class (top-k label, box or mask class): what `query --label` filters on."""
+
+    __tablename__ = "labels"
+    __table_args__ = (Index("ix_labels_name_score", "name", "score"),)
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    image_id: Mapped[int] = mapped_column(ForeignKey("images.id", ondelete="CASCADE"), index=True)
+    class_id: Mapped[int] = mapped_column(Integer)
+    name: Mapped[str] = mapped_column(String(255))
+    score: Mapped[float] = mapped_column(Float)
+
+
+class TimingRow(Base):
+    __tablename__ = "timings"
+    image_id: Mapped[int] = mapped_column(ForeignKey("images.id", ondelete="CASCADE"), primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    queue_wait_ms: Mapped[float] = mapped_column(Float)
+    decode_ms: Mapped[float] = mapped_column(Float)
+    preprocess_ms: Mapped[float] = mapped_column(Float)
+    infer_ms: Mapped[float] = mapped_column(Float)
+    postprocess_ms: Mapped[float] = mapped_column(Float)
+    write_ms: Mapped[float] = mapped_column(Float)
+    total_ms: Mapped[float] = mapped_column(Float)
+    batch_size: Mapped[int] = mapped_column(Integer)
+
+
+class MemorySample(Base):
+    __tablename__ = "memory_samples"
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    rss_bytes: Mapped[int] = mapped_column(BigInteger)
+    fds: Mapped[int] = mapped_column(Integer)
+    threads: Mapped[int] = mapped_column(Integer)
+    queue_depth: Mapped[int] = mapped_column(Integer)
+    images_done: Mapped[int] = mapped_column(Integer)
+    gpu_bytes: Mapped[int | None] = mapped_column(BigInteger)

@@ -1,0 +1,53 @@
+"""Resize, colour order and normalisation, as the model card says. Shared by every task."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+
+from worker.models.card import Preprocess
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a network input maps back to the original image: x_orig = (x_in - left) / scale_x."""
+
+    orig_hw: tuple[int, int]
+    scale_x: float
+    scale_y: float
+    left: int = 0
+    top: int = 0
+
+
+def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
+    """uint8 BGR (H, W, 3) -> float32 (3, h, w) in the card's colour order and normalisation."""
+    h, w = image.shape[:2]
+    th, tw = size_hw
+    if spec.resize == "stretch":
+        resized = cv2.resize(image, (tw, th), interpolation=cv2.INTER_LINEAR)
+        geo = Geometry((h, w), tw / w, th / h)
+    elif spec.resize == "shorter-crop":
+        s = spec.resize_shorter / min(h, w)
+        nw, nh = int(round(w * s)), int(round(h * s))
+        full = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
+        top, left = max((nh - th) // 2, 0), max((nw - tw) // 2, 0)
+        resized = full[top:top + th, left:left + tw]
+        if resized.shape[:2] != (th, tw):  # shorter side below the crop size: pad, never fail
+            resized = cv2.copyMakeBorder(resized, 0, th - resized.shape[0], 0, tw - resized.shape[1],
+                                         cv2.BORDER_CONSTANT, value=(0, 0, 0))
+        geo = Geometry((h, w), s, s, -left, -top)
+    else:  # letterbox
+        s = min(th / h, tw / w)
+        nw, nh = max(int(round(w * s)), 1), max(int(round(h * s)), 1)
+        left, top = (tw - nw) // 2, (th - nh) // 2
+        resized = np.full((th, tw, 3), spec.pad_value, dtype=np.uint8)
+        resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
+        geo = Geometry((h, w), s, s, left, top)
+    if spec.color == "rgb":
+        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
+    mean = np.asarray(spec.mean, dtype=np.float32)
+    inv_std = 1.0 / np.asarray(spec.std, dtype=np.float32)
+    x = (resized.astype(np.float32) - mean) * inv_std
+    return np.ascontiguousarray(x.transpose(2, 0, 1)), geo
