@@ -1,0 +1,71 @@
+"""Shared fixtures: real models and sample images (pulled once into the git-ignored cache), temporary
+inbox/outbox/archive/database per test, and a check that no test leaks threads."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from worker.config import Config, load
+from worker.models.card import find_card
+from worker.models.pull import pull
+from worker.samples import fetch_samples
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+REFERENCE = SHARED / "reference"
+CACHE = ROOT / ".cache" / "worker"
+
+
+@pytest.fixture(scope="session")
+def samples() -> Path:
+    return fetch_samples(CACHE)
+
+
+@pytest.fixture(scope="session")
+def ppocr_onnx() -> Path:
+    return pull(find_card(ROOT / "models", "ppocr-det"), CACHE)
+
+
+@pytest.fixture
+def cfg(tmp_path: Path, ppocr_onnx: Path) -> Config:
+    """The project's default config.yaml with every writable path in a temporary folder."""
+    base = load(ROOT / "config.yaml")
+    return dataclasses.replace(
+        base,
+        inbox=tmp_path / "inbox",
+        outbox=tmp_path / "outbox",
+        archive=tmp_path / "archive",
+        db=f"sqlite:///{tmp_path / 'worker.db'}",
+        cache_dir=CACHE,
+        models_dir=ROOT / "models",
+        watch=dataclasses.replace(base.watch, settle_s=0.3, rescan_interval_s=2.0),
+        metrics=dataclasses.replace(base.metrics, memory_sample_s=0.5),
+    )
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_threads():
+    before = set(threading.enumerate())
+    yield
+    deadline = time.monotonic() + 5
+    while True:
+        leaked = [t for t in threading.enumerate() if t not in before and t.is_alive()]
+        if not leaked or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not leaked, f"threads leaked: {[t.name for t in leaked]}"
+
+
+def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    """Poll a condition with a deadline (watchdog events are asynchronous by nature)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()

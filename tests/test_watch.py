@@ -1,0 +1,121 @@
+"""The real watcher with real files: written in chunks, renamed into place, in subfolders,
+present before start, temporary names; each processed exactly once, inputs archived."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+
+from tests.conftest import wait_for
+from worker.intake.scan import is_candidate
+from worker.jobs import Job, JobStatus
+from worker.service import watch
+from worker.store.db import open_db
+from worker.store.schema import ImageRow
+
+
+class Watching:
+    """Runs `watch` on a thread; records finished jobs."""
+
+    def __init__(self, cfg) -> None:
+        self.cfg = cfg
+        self.stop = threading.Event()
+        self.finished: list[tuple[str, JobStatus]] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="test-watch")
+
+    def _run(self) -> None:
+        try:
+            self.summary = watch(self.cfg, self.stop, on_finished=lambda j, s: self.finished.append((j.rel, s)))
+        except BaseException as e:  # surfaced by the test
+            self.error = e
+
+    def __enter__(self) -> "Watching":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(60)
+        assert self.error is None, self.error
+
+
+def _rows(cfg) -> dict[str, ImageRow]:
+    db = open_db(cfg.db)
+    with db.connect() as c:
+        rows = {r.rel_path: r for r in c.execute(select(ImageRow))}
+    db.dispose()
+    return rows
+
+
+@pytest.mark.parametrize("observer", ["native", "polling"])
+def test_watch_picks_up_each_file_once(cfg, samples: Path, observer: str) -> None:
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, observer=observer, poll_interval_s=0.2))
+    cfg.inbox.mkdir(parents=True)
+    shutil.copy(samples / "coffee.png", cfg.inbox / "before-start.png")  # left from before: start-up scan
+
+    with Watching(cfg) as w:
+        assert wait_for(lambda: len(w.finished) >= 1)
+        # written slowly in chunks, with pauses longer than nothing but shorter than settle
+        data = (samples / "page.png").read_bytes()
+        with open(cfg.inbox / "slow.png", "wb") as f:
+            for i in range(0, len(data), len(data) // 5 + 1):
+                f.write(data[i:i + len(data) // 5 + 1])
+                f.flush()
+                time.sleep(0.1)
+        # a copy tool: temporary name, then rename into place
+        (cfg.inbox / "sub" / "deep").mkdir(parents=True)
+        tmp = cfg.inbox / "sub" / "deep" / "renamed.jpg.part"
+        shutil.copy(samples / "rocket.jpg", tmp)
+        os.rename(tmp, cfg.inbox / "sub" / "deep" / "renamed.jpg")
+        # hidden and temporary names are ignored
+        shutil.copy(samples / "text.png", cfg.inbox / ".hidden.png")
+        shutil.copy(samples / "text.png", cfg.inbox / "draft.png.tmp")
+        assert wait_for(lambda: len(w.finished) >= 3)
+        time.sleep(1.0)  # give any duplicate event the chance to show up
+
+    rels = sorted(r for r, _ in w.finished)
+    assert rels == ["before-start.png", "slow.png", "sub/deep/renamed.jpg"], rels
+    assert all(s is JobStatus.DONE for _, s in w.finished)
+    rows = _rows(cfg)
+    assert set(rows) == set(rels) and all(r.status == "done" and r.attempts == 1 for r in rows.values())
+    assert rows["slow.png"].size == len(data)  # processed complete, not half-written
+    for rel in rels:
+        assert (cfg.archive / "done" / rel).exists() and not (cfg.inbox / rel).exists()
+        assert (cfg.outbox / f"{rel}.json").exists()
+    assert (cfg.inbox / ".hidden.png").exists() and (cfg.inbox / "draft.png.tmp").exists()
+
+
+def test_watch_moves_bad_files_to_failed_and_keeps_going(cfg, samples: Path) -> None:
+    cfg.inbox.mkdir(parents=True)
+    (cfg.inbox / "empty.jpg").write_bytes(b"")
+    (cfg.inbox / "random.jpg").write_bytes(os.urandom(5000))
+    shutil.copy(samples / "chelsea.png", cfg.inbox / "chelsea.png")
+    summary = watch(cfg, threading.Event(), burst=True)
+    assert (summary.figures["done"], summary.figures["failed"]) == (1, 2)
+    assert (cfg.archive / "failed" / "empty.jpg").exists() and (cfg.archive / "failed" / "random.jpg").exists()
+    assert (cfg.archive / "done" / "chelsea.png").exists()
+    rows = _rows(cfg)
+    assert rows["empty.jpg"].error == "empty file"
+    assert rows["random.jpg"].status == "failed" and rows["random.jpg"].error
+
+
+def test_candidate_names() -> None:
+    exts = (".jpg", ".png")
+    assert is_candidate("a.JPG", exts) and is_candidate("-dash name ü.png", exts)
+    for name in (".a.jpg", "a.jpg.part", "a.jpg.tmp", "a.jpg~", "a.txt", "a.jpg.crdownload"):
+        assert not is_candidate(name, exts), name
+
+
+def test_job_is_hashable(tmp_path: Path) -> None:
+    p = tmp_path / "x.png"
+    p.write_bytes(b"1")
+    a, b = Job.from_path(tmp_path, p), Job.from_path(tmp_path, p)
+    assert a == b and len({a, b}) == 1 and a.rel == "x.png"
