@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
@@ -12,7 +13,7 @@ import sys
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -28,7 +29,8 @@ def _load(ctx: click.Context, **overrides: Any) -> Config:
     return cfg.with_overrides(**overrides)
 
 
-def _two_stage_stop() -> threading.Event:
+@contextlib.contextmanager
+def _two_stage_stop() -> Iterator[threading.Event]:
     """First SIGINT/SIGTERM: stop intake and finish jobs in flight. Second: exit at once."""
     stop = threading.Event()
 
@@ -38,9 +40,12 @@ def _two_stage_stop() -> threading.Event:
         stop.set()
         print(f"\n{signal.Signals(signum).name}: finishing jobs in flight (again to exit now)", file=sys.stderr)
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
-    return stop
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, h in previous.items():
+            signal.signal(sig, h)
 
 
 def _print_summary(summary: Any) -> None:
@@ -102,7 +107,8 @@ def watch(ctx: click.Context, **overrides: Any) -> None:
     from worker.service import watch as watch_inbox
 
     cfg = _load(ctx, **overrides)
-    summary = watch_inbox(cfg, _two_stage_stop())
+    with _two_stage_stop() as stop:
+        summary = watch_inbox(cfg, stop)
     _print_summary(summary)
 
 
@@ -122,6 +128,8 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
 
     from worker.service import run_folder
 
+    tqdm.monitor_interval = 0  # no monitor thread: the bar is updated from our finish thread
+
     cfg = _load(ctx, **overrides)
     bar = tqdm(total=0, unit="img", disable=no_progress or None, file=sys.stderr)
 
@@ -130,7 +138,8 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
         bar.refresh()
 
     try:
-        summary = run_folder(cfg, folder, _two_stage_stop(), progress=bar.update, total=set_total)
+        with _two_stage_stop() as stop:
+            summary = run_folder(cfg, folder, stop, progress=bar.update, total=set_total)
     finally:
         bar.close()
     _print_summary(summary)

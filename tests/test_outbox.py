@@ -1,0 +1,43 @@
+"""The outbox writer: atomic files, paths kept inside their roots, verified moves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from worker.errors import WorkerError
+from worker.outbox import Outbox, inside, move_verified
+from worker.results import Classification, Mask
+
+
+def test_writes_json_and_mask_without_temporaries(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "out")
+    mask = Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9)
+    json_rel, mask_rel = box.write("a/b.png", mask, {"x": 1})
+    assert (json_rel, mask_rel) == ("a/b.png.json", "a/b.png.mask.png")
+    assert (tmp_path / "out/a/b.png.json").read_text().startswith("{")
+    assert not list((tmp_path / "out").rglob(".tmp-*"))
+
+
+def test_paths_cannot_escape(tmp_path: Path) -> None:
+    for rel in ("../x", "/etc/passwd", "a/../../x"):
+        with pytest.raises(WorkerError, match="outside"):
+            inside(tmp_path, rel)
+
+
+def test_move_keeps_other_content(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"one")
+    (tmp_path / "b").write_bytes(b"two")
+    (tmp_path / "dst").mkdir()
+    first = move_verified(tmp_path / "a", tmp_path / "dst" / "x.png")
+    second = move_verified(tmp_path / "b", tmp_path / "dst" / "x.png")
+    assert first != second and first.read_bytes() == b"one" and second.read_bytes() == b"two"
+
+
+def test_results_check_shapes() -> None:
+    with pytest.raises(ValueError):
+        Mask(mask=np.zeros((2, 2), np.uint8), label="t", score=0)
+    with pytest.raises(ValueError):
+        Classification(class_ids=np.zeros(2, np.int64), scores=np.zeros(3), names=("a", "b"), uncertain=False)

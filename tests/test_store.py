@@ -1,0 +1,71 @@
+"""Database: migrations both ways, WAL, queries with filters, statistics."""
+
+from __future__ import annotations
+
+import shutil
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from sqlalchemy import inspect, text
+
+from worker.metrics import percentiles, slope_per_hour
+from worker.service import run_folder
+from worker.store.db import downgrade, make_engine, open_db, upgrade
+from worker.store.queries import Filters, glob_to_like, query_images, run_stats
+
+TABLES = {"runs", "images", "results", "labels", "timings", "memory_samples"}
+
+
+def test_migrations_upgrade_and_downgrade(tmp_path: Path) -> None:
+    engine = make_engine(f"sqlite:///{tmp_path / 'm.db'}")
+    upgrade(engine)
+    assert TABLES <= set(inspect(engine).get_table_names())
+    with engine.connect() as c:
+        assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert c.execute(text("PRAGMA busy_timeout")).scalar() >= 1000
+    downgrade(engine, "base")
+    assert not TABLES & set(inspect(engine).get_table_names())
+    upgrade(engine)
+    assert TABLES <= set(inspect(engine).get_table_names())
+    engine.dispose()
+
+
+def test_glob_to_like() -> None:
+    assert glob_to_like("line3/*.png") == "line3/%.png"
+    assert glob_to_like("a_b%?") == "a\\_b\\%_"
+
+
+def test_query_filters_and_stats(cfg, tmp_path: Path, samples: Path) -> None:
+    folder = tmp_path / "in"
+    (folder / "line3").mkdir(parents=True)
+    shutil.copy(samples / "page.png", folder / "line3" / "page.png")
+    shutil.copy(samples / "astronaut.png", folder / "astronaut.png")
+    (folder / "line3" / "bad.png").write_bytes(b"nope")
+    summary = run_folder(cfg, folder)
+    db = open_db(cfg.db)
+
+    def rels(**kw) -> list[str]:
+        return sorted(r["rel_path"] for r in query_images(db, Filters(**kw)))
+
+    assert rels() == ["astronaut.png", "line3/bad.png", "line3/page.png"]
+    assert rels(status="failed") == ["line3/bad.png"]
+    assert rels(path="line3/*") == ["line3/bad.png", "line3/page.png"]
+    assert rels(label="text", min_score=0.5) == ["line3/page.png"]
+    assert rels(min_score=0.99999) == []
+    assert rels(run_id=summary.run_id) == rels() and rels(run_id=summary.run_id + 1) == []
+    now = datetime.now(timezone.utc)
+    assert rels(since=now - timedelta(hours=1)) == rels() and rels(since=now + timedelta(hours=1)) == []
+    assert rels(until=now - timedelta(hours=1)) == []
+
+    (stats,) = run_stats(db, run_id=summary.run_id, warmup_s=0)
+    assert stats["counts"] == {"done": 2, "failed": 1}
+    assert stats["images_per_s"] > 0 and stats["latency_ms"]["infer_ms"]["p50"] > 0
+    assert stats["memory"]["samples"] >= 2 and stats["memory"]["rss_peak_mb"] > 50
+    db.dispose()
+
+
+def test_percentiles_and_slope() -> None:
+    assert percentiles([1, 2, 3, 4, 100])["p50"] == 3
+    t = [0, 600, 1200, 1800, 3600]
+    assert abs(slope_per_hour(t, [100 + 2 * x / 3600 for x in t]) - 2.0) < 1e-9
+    assert slope_per_hour([0, 1], [1, 2]) != slope_per_hour([0, 1], [1, 2])  # nan with too few points
