@@ -4,6 +4,7 @@ inbox/outbox/archive/database per test, and a check that no test leaks threads."
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from worker.models.pull import pull
 from worker.samples import fetch_samples
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = ROOT.parent / "shared"
+SHARED = Path(os.environ.get("WORKER_SHARED", ROOT.parent / "shared"))  # beside the checkout, as in CI
 REFERENCE = SHARED / "reference"
 CACHE = ROOT / ".cache" / "worker"
 
