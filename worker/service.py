@@ -19,7 +19,7 @@ from worker.intake.watch import Intake, start_observer
 from worker.jobs import Job, JobStatus
 from worker.models.card import ModelCard, find_card
 from worker.models.fetch import sha256_file
-from worker.models.pull import pull
+from worker.models.pull import pull, with_labels
 from worker.outbox import Outbox
 from worker.pipeline import Pipeline, Settings, summarize
 from worker.store.db import open_db
@@ -61,6 +61,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = Non
     _check_dirs(cfg, root, archive)
     card: ModelCard = find_card(cfg.models_dir, cfg.model)
     onnx = pull(card, cfg.cache_dir)
+    card = with_labels(card, cfg.cache_dir)
     db = open_db(cfg.db)
     p = cfg.pipeline
     auto_decode, auto_infer, auto_intra = default_threads()

@@ -32,6 +32,18 @@ class Source:
 
 
 @dataclass(frozen=True)
+class LabelsSource:
+    """Class names read as data from a file inside a package (never imported)."""
+
+    package: str
+    path: str
+    sha256: str = ""
+    distribution: Literal["wheel", "sdist"] = "wheel"
+    format: Literal["lines", "python-list"] = "lines"  # python-list: a literal list assigned to `variable`
+    variable: str = ""
+
+
+@dataclass(frozen=True)
 class InputSpec:
     name: str = ""  # empty: the model's first input
     size: tuple[int, ...] = (224, 224)  # H, W of the network input
@@ -71,6 +83,7 @@ class ModelCard:
     preprocess: Preprocess = field(default_factory=Preprocess)
     postprocess: Postprocess = field(default_factory=Postprocess)
     labels: tuple[str, ...] = ()
+    labels_source: LabelsSource | None = None  # instead of `labels`: names from a package file
     folder: Path = field(default=Path("."), metadata={"internal": True})  # the card's own folder
 
     def onnx_path(self, cache_dir: Path) -> Path:

