@@ -32,6 +32,32 @@ def ppocr_onnx() -> Path:
     return pull(find_card(ROOT / "models", "ppocr-det"), CACHE)
 
 
+@pytest.fixture(scope="session")
+def effnet_onnx() -> Path:
+    return pull(find_card(ROOT / "models", "efficientnet-lite0"), CACHE)
+
+
+@pytest.fixture(scope="session")
+def yolo_onnx() -> Path:
+    return pull(find_card(ROOT / "models", "yolov3-tiny"), CACHE)
+
+
+def run_on(tmp: Path, samples: Path, names, model: str):
+    """Copy sample images into a folder and `run` the model over them; returns (config, summary)."""
+    import shutil
+
+    from worker.service import run_folder
+
+    folder = tmp / "images"
+    folder.mkdir()
+    for name in names:
+        shutil.copy(samples / name, folder / name)
+    base = load(ROOT / "config.yaml")
+    cfg = dataclasses.replace(base, outbox=tmp / "outbox", db=f"sqlite:///{tmp / 'w.db'}", cache_dir=CACHE,
+                              models_dir=ROOT / "models", model=model)
+    return cfg, run_folder(cfg, folder)
+
+
 @pytest.fixture
 def cfg(tmp_path: Path, ppocr_onnx: Path) -> Config:
     """The project's default config.yaml with every writable path in a temporary folder."""

@@ -1,0 +1,80 @@
+"""YOLOv3-tiny, built here from Darknet files, against OpenCV's Darknet reader; YOLOv8 decoding."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.conftest import REFERENCE, ROOT, run_on
+from worker.models.card import find_card
+from worker.tasks.detect import Detector, classwise_nms, decode_rows
+from worker.tasks.preprocess import Geometry
+
+REF = json.loads((REFERENCE / "yolov3_tiny.json").read_text())
+
+
+def iou(a, b) -> float:
+    x1, y1, x2, y2 = max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])
+    inter = max(x2 - x1, 0) * max(y2 - y1, 0)
+    return inter / ((a[2] - a[0]) * (a[3] - a[1]) + (b[2] - b[0]) * (b[3] - b[1]) - inter)
+
+
+@pytest.fixture(scope="module")
+def processed(tmp_path_factory, samples: Path, yolo_onnx: Path):
+    return run_on(tmp_path_factory.mktemp("yolo"), samples, REF["images"], "yolov3-tiny")
+
+
+@pytest.mark.parametrize("name", sorted(REF["images"]))
+def test_boxes_match_reference(processed, name: str) -> None:
+    cfg, summary = processed
+    assert summary.figures["failed"] == 0
+    boxes = json.loads((cfg.outbox / f"{name}.json").read_text())["boxes"]
+    ref = REF["images"][name]["detections"]
+    for r in ref:
+        match = [b for b in boxes if b["class_id"] == r["class_id"] and iou(b["xyxy"], r["box_xyxy"]) >= 0.9]
+        assert match, f"{name}: reference {r} not matched in {boxes}"
+        assert abs(match[0]["score"] - r["score"]) <= 0.02
+    matched = {id(b) for r in ref for b in boxes if b["class_id"] == r["class_id"] and iou(b["xyxy"], r["box_xyxy"]) >= 0.9}
+    extra = [b for b in boxes if id(b) not in matched and b["score"] > 0.3]
+    assert not extra, f"{name}: extra boxes {extra}"
+
+
+def _card():
+    return find_card(ROOT / "models", "yolov3-tiny")
+
+
+def test_yolov8_layout_decoding_on_constructed_output() -> None:
+    import dataclasses
+
+    card = _card()
+    card = dataclasses.replace(card, postprocess=dataclasses.replace(card.postprocess, layout="yolov8"),
+                               labels=("a", "b", "c"))
+    # 3 classes, 4 anchors: [4+C, A]; two overlapping class-1 boxes, one class-2 box, one below threshold
+    rows = np.array([
+        # cx,  cy,  w,  h,   a,   b,    c
+        [100, 100, 40, 20, 0.0, 0.90, 0.0],
+        [102, 101, 40, 20, 0.0, 0.80, 0.0],  # suppressed by the first (IoU ~0.85)
+        [102, 101, 40, 20, 0.0, 0.00, 0.7],  # other class: kept
+        [300, 300, 10, 10, 0.1, 0.10, 0.1],  # below 0.25
+    ], dtype=np.float32)
+    geo = Geometry(orig_hw=(208, 416), scale_x=1.0, scale_y=1.0, left=0, top=104)  # letterboxed 416x208
+    det = Detector(card).postprocess(rows.T.copy(), geo)
+    assert det.names == ("b", "c")
+    np.testing.assert_allclose(det.scores, [0.9, 0.7], rtol=1e-6)
+    np.testing.assert_allclose(det.xyxy[0], [80, 0, 120, 6], atol=1e-4)  # y mapped back by -104, clipped at 0
+
+
+def test_yolov5_layout_uses_objectness() -> None:
+    rows = np.array([[50, 50, 10, 10, 0.5, 0.9, 0.1]], dtype=np.float32)
+    xyxy, cls, scores = decode_rows(rows, "yolov5")
+    assert cls.tolist() == [0] and abs(scores[0] - 0.45) < 1e-6
+    np.testing.assert_allclose(xyxy[0], [45, 45, 55, 55])
+
+
+def test_classwise_nms_keeps_other_classes() -> None:
+    xyxy = np.array([[0, 0, 10, 10], [1, 1, 10, 10], [0, 0, 10, 10]], np.float32)
+    keep = classwise_nms(xyxy, np.array([0, 0, 1]), np.array([0.9, 0.8, 0.7], np.float32), 0.45)
+    assert keep.tolist() == [0, 2]
