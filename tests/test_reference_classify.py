@@ -60,7 +60,6 @@ def test_uncertain_below_threshold(processed) -> None:
 
 def test_matches_pytorch_architecture_on_random_inputs(effnet_onnx: Path, tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")  # pip install torch==2.13.0 (local CPU build) to run this
-    import subprocess
     import sys
     import zipfile
 
@@ -84,4 +83,3 @@ def test_matches_pytorch_architecture_on_random_inputs(effnet_onnx: Path, tmp_pa
         expected = model(torch.from_numpy(x)).numpy()
     got = ort.InferenceSession(str(effnet_onnx), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
     assert np.abs(got - expected).max() <= 1e-3
-    del subprocess

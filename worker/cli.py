@@ -250,6 +250,51 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
 
 
 @cli.group()
+def export() -> None:
+    """Export results in other formats.
+
+    \b
+    Example:
+      worker export coco --run 3 -o detections.json
+    """
+
+
+@export.command("coco")
+@click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
+@click.option("--path", "path_glob", help="Glob on the relative path.")
+@click.option("--label", help="Only images with this predicted class name.")
+@click.option("--min-score", type=float, help="Only images with a box at or above this score.")
+@click.option("--model", help="Card whose labels name the categories (default: the config's model).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout).")
+@click.option("--db", "db", help="Database URL (overrides config).")
+@click.pass_context
+def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, label: str | None,
+                min_score: float | None, model: str | None, output: Path | None, db: str | None) -> None:
+    """Write detection results as COCO JSON (images, categories, annotations with scores).
+
+    \b
+    Example:
+      worker export coco --run 3 -o detections.json
+    """
+    from worker.export import coco
+    from worker.models.card import find_card
+    from worker.models.pull import with_labels
+    from worker.store.db import open_db
+    from worker.store.queries import Filters
+
+    cfg = _load(ctx, db=db, model=model)
+    card = with_labels(find_card(cfg.models_dir, cfg.model), cfg.cache_dir)
+    doc = coco(open_db(cfg.db), Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score,
+                                        limit=10**9), card.labels if card.task == "detect" else ())
+    text = json.dumps(doc, indent=1)
+    if output is None:
+        click.echo(text)
+    else:
+        output.write_text(text)
+        click.echo(f"{output}: {len(doc['images'])} images, {len(doc['annotations'])} annotations")
+
+
+@cli.group()
 def models() -> None:
     """Model cards and their ONNX files.
 
@@ -348,21 +393,27 @@ def db_downgrade(ctx: click.Context, revision: str, db_url: str | None) -> None:
 @with_paths
 @click.pass_context
 def demo(ctx: click.Context, **overrides: Any) -> None:
-    """Pull the model and the sample images, then `run` over them with the default config.
+    """Pull the models and the sample images, then `run` each model over them.
+
+    Runs the three bundled cards (text masks, ImageNet labels, COCO boxes), or only --model,
+    each into <outbox>/<model>/.
 
     \b
     Example:
       worker demo
     """
-    from worker.samples import fetch_samples
-    from worker.service import run_folder
+    from worker.service import DEMO_MODELS, demo as run_demo, describe
 
+    model = overrides.pop("model")
     cfg = _load(ctx, **overrides)
-    folder = fetch_samples(cfg.cache_dir)
+    folder, summaries = run_demo(cfg, (model,) if model else DEMO_MODELS)
     click.echo(f"sample images: {folder}")
-    summary = run_folder(cfg, folder)
-    _print_summary(summary)
-    click.echo(f"  see results: worker query --run {summary.run_id}; timings: worker stats --run {summary.run_id}")
+    for s in summaries:
+        _print_summary(s)
+        box = s.outbox
+        for image in sorted(p.name for p in folder.iterdir()):
+            click.echo(f"    {image:<22} {describe(box, image)}")
+    click.echo("see results: worker query; timings and memory: worker stats")
 
 
 def main() -> None:

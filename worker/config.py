@@ -55,6 +55,8 @@ class EngineConfig:
 class OutputConfig:
     json: bool = True  # <outbox>/<rel>.json per image
     masks: bool = True  # <outbox>/<rel>.mask.png for segmentation models
+    yolo_txt: bool = False  # <outbox>/<rel>.txt for detection models: class cx cy w h score (normalised)
+    overlays: bool = False  # <outbox>/<rel>.overlay.jpg: the result drawn on the image
 
 
 @dataclass(frozen=True)

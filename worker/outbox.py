@@ -18,8 +18,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from worker.draw import overlay, yolo_txt
 from worker.errors import WorkerError
-from worker.results import Mask, Result
+from worker.results import Detections, Mask, Result
 
 TMP_PREFIX = ".tmp-"
 
@@ -45,16 +46,28 @@ def write_atomic(path: Path, data: bytes) -> None:
 
 
 class Outbox:
-    """Writes <outbox>/<rel>.json and, for masks, <outbox>/<rel>.mask.png."""
+    """Writes <outbox>/<rel>.json and, as configured, .mask.png, .txt (YOLO) and .overlay.jpg."""
 
-    def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True) -> None:
+    def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True, write_yolo_txt: bool = False,
+                 write_overlays: bool = False) -> None:
         self.root = root
         self.write_json = write_json
         self.write_masks = write_masks
+        self.write_yolo_txt = write_yolo_txt
+        self.write_overlays = write_overlays
         root.mkdir(parents=True, exist_ok=True)
 
-    def write(self, rel: str, result: Result, document: dict[str, Any]) -> tuple[str | None, str | None]:
-        """Write one image's outputs; returns (json_path, mask_path) relative to the outbox."""
+    def write(self, rel: str, result: Result, document: dict[str, Any],
+              image: np.ndarray | None = None) -> tuple[str | None, str | None]:
+        """Write one image's outputs; returns (json_path, mask_path) relative to the outbox.
+
+        `image` (uint8 BGR) is needed only for overlays."""
+        if isinstance(result, Detections) and self.write_yolo_txt:
+            write_atomic(inside(self.root, rel + ".txt"), yolo_txt(result).encode())
+        if self.write_overlays and image is not None:
+            ok, jpg = cv2.imencode(".jpg", overlay(image, result), [cv2.IMWRITE_JPEG_QUALITY, 90])
+            if ok:
+                write_atomic(inside(self.root, rel + ".overlay.jpg"), jpg.tobytes())
         mask_rel = None
         if isinstance(result, Mask) and self.write_masks:
             mask_rel = rel + ".mask.png"

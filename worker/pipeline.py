@@ -53,6 +53,7 @@ class Settings:
     max_attempts: int
     memory_sample_s: float
     archive: Path | None = None  # watch mode: inputs move to <archive>/done|failed/<rel>
+    keep_image: bool = False  # carry the decoded image to the finish stage (overlays need it)
 
 
 @dataclass
@@ -75,6 +76,7 @@ class _Item:
     sha256: str = ""
     size: int = 0
     tensor: np.ndarray | None = None
+    image: np.ndarray | None = None
     geometry: Geometry | None = None
     output: np.ndarray | None = None
     error: str | None = None
@@ -182,6 +184,8 @@ class Pipeline:
         image = decode(data, job.rel, self.settings.max_pixels)
         t1 = time.perf_counter()
         item.tensor, item.geometry = self.adapter.preprocess(image)
+        if self.settings.keep_image:
+            item.image = image
         t2 = time.perf_counter()
         item.timings.update(decode_ms=(t1 - t0) * 1000, preprocess_ms=(t2 - t1) * 1000)
 
@@ -277,7 +281,8 @@ class Pipeline:
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
         document = {"image": job.rel, "sha256": item.sha256, "size": [w, h], "model": self.card.name,
                     "task": self.card.task, **result.summary()}
-        json_path, mask_path = self.outbox.write(job.rel, result, document)
+        json_path, mask_path = self.outbox.write(job.rel, result, document, item.image)
+        item.image = None
         t2 = time.perf_counter()
         item.timings.update(postprocess_ms=(t1 - t0) * 1000, write_ms=(t2 - t1) * 1000)
         return Finished(job.rel, item.sha256, item.size, JobStatus.DONE, task=self.card.task,

@@ -74,10 +74,12 @@ def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = Non
     settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
                         max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
-                        memory_sample_s=cfg.metrics.memory_sample_s or 5.0, archive=archive)
+                        memory_sample_s=cfg.metrics.memory_sample_s or 5.0, archive=archive,
+                        keep_image=cfg.outputs.overlays)
     recorder = Recorder(db, RunInfo(mode=mode, root=str(root), model=card.name, model_sha256=sha256_file(onnx),
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
-    outbox = Outbox(cfg.outbox, cfg.outputs.json, cfg.outputs.masks)
+    o = cfg.outputs
+    outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays)
     outbox.remove_stale_temporaries()
     try:
         with Pipeline(card=card, engine=engine, adapter=adapter_for(card), recorder=recorder, outbox=outbox,
@@ -146,3 +148,33 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
         pipeline.drain()
         summary = _summary(cfg, pipeline, "watch", time.perf_counter() - t0)
     return summary
+
+
+DEMO_MODELS = ("ppocr-det", "efficientnet-lite0", "yolov3-tiny")
+
+
+def demo(cfg: Config, models: tuple[str, ...] = DEMO_MODELS) -> tuple[Path, list[Summary]]:
+    """Fetch the sample images and run each model over them, each into <outbox>/<model>/."""
+    import dataclasses
+
+    from worker.samples import fetch_samples
+
+    folder = fetch_samples(cfg.cache_dir)
+    summaries = [run_folder(dataclasses.replace(cfg, model=m, outbox=cfg.outbox / m), folder) for m in models]
+    return folder, summaries
+
+
+def describe(outbox: Path, rel: str) -> str:
+    """One line for an image's result, from its JSON in the outbox (for the demo's printout)."""
+    import json
+
+    path = outbox / f"{rel}.json"
+    if not path.exists():
+        return "(no result)"
+    doc = json.loads(path.read_text())
+    if doc["task"] == "classify":
+        top = doc["labels"][0]
+        return f"{top['name']} {top['score']:.2f}" + (" (uncertain)" if doc["uncertain"] else "")
+    if doc["task"] == "detect":
+        return ", ".join(f"{b['name']} {b['score']:.2f}" for b in doc["boxes"]) or "no boxes"
+    return f"text mask {doc['fg_fraction']:.2%} of pixels -> {doc.get('mask_path')}"

@@ -57,7 +57,7 @@ class _LazyTensor:
         arr = self.storage.array
         item = arr.dtype.itemsize
         if not self.size:
-            return arr[self.offset].copy()
+            return np.array(arr[self.offset])
         view = np.lib.stride_tricks.as_strided(arr[self.offset:], shape=self.size,
                                                strides=[s * item for s in self.stride])
         return np.array(view)

@@ -1,0 +1,44 @@
+"""Annotated overlay images (opt-in): boxes with names and scores, masks tinted, top labels written.
+
+Results never draw themselves; this module does, and only the outbox calls it.
+"""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from worker.results import Classification, Detections, Mask, Result
+
+_COLORS = np.array([(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207),
+                    (10, 249, 72), (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0)], np.uint8)
+
+
+def overlay(image: np.ndarray, result: Result) -> np.ndarray:
+    """A BGR copy of `image` with the result drawn on it."""
+    out = image.copy()
+    if isinstance(result, Mask):
+        tint = np.zeros_like(out)
+        tint[result.mask] = (0, 0, 255)
+        out = cv2.addWeighted(out, 1.0, tint, 0.5, 0)
+    elif isinstance(result, Detections):
+        for (x1, y1, x2, y2), c, s, n in zip(result.xyxy, result.class_ids, result.scores, result.names):
+            color = tuple(int(v) for v in _COLORS[int(c) % len(_COLORS)])
+            cv2.rectangle(out, (int(x1), int(y1)), (int(x2), int(y2)), color, 2)
+            cv2.putText(out, f"{n} {s:.2f}", (int(x1), max(int(y1) - 4, 12)), cv2.FONT_HERSHEY_SIMPLEX, 0.5,
+                        color, 1, cv2.LINE_AA)
+    elif isinstance(result, Classification):
+        for i, (n, s) in enumerate(zip(result.names[:3], result.scores[:3])):
+            cv2.putText(out, f"{n} {s:.2f}", (8, 20 + 20 * i), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 255, 0), 2,
+                        cv2.LINE_AA)
+    return out
+
+
+def yolo_txt(result: Detections) -> str:
+    """One line per box: class cx cy w h score, coordinates normalised to the image size."""
+    w, h = result.image_size
+    lines = []
+    for (x1, y1, x2, y2), c, s in zip(result.xyxy, result.class_ids, result.scores):
+        lines.append(f"{int(c)} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
+                     f"{(y2 - y1) / h:.6f} {float(s):.4f}")
+    return "".join(line + "\n" for line in lines)
