@@ -69,3 +69,15 @@ def test_percentiles_and_slope() -> None:
     t = [0, 600, 1200, 1800, 3600]
     assert abs(slope_per_hour(t, [100 + 2 * x / 3600 for x in t]) - 2.0) < 1e-9
     assert slope_per_hour([0, 1], [1, 2]) != slope_per_hour([0, 1], [1, 2])  # nan with too few points
+
+
+def test_latency_window_is_bounded_and_ordered() -> None:
+    from worker.metrics import LatencyWindow
+
+    w = LatencyWindow(head=3, tail=4)
+    for v in range(10):
+        w.add(float(v))
+    assert w.first().tolist() == [0, 1, 2] and w.last().tolist() == [6, 7, 8, 9] and w.count == 10
+    small = LatencyWindow(head=3, tail=4)
+    small.add(5.0)
+    assert small.last().tolist() == [5.0]

@@ -249,6 +249,52 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
                        f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up")
 
 
+def _duration(value: str) -> float:
+    """'90s', '30m', '2h', '1d' or plain seconds -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        if value[-1:] in units:
+            return float(value[:-1]) * units[value[-1]]
+        return float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a duration such as 90s, 30m or 2h") from None
+
+
+@cli.command()
+@click.option("--duration", default="2h", show_default=True, help="How long to run: 90s, 30m, 2h, 1d.")
+@click.option("--images", "images", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
+              help="Folder of images to replay.")
+@click.option("--warmup", default=None, help="Left out of the RSS slope (default: metrics.warmup_s).")
+@with_paths
+@click.pass_context
+def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **overrides: Any) -> None:
+    """Replay images through the full pipeline for a long time and judge memory and latency.
+
+    Prints the steady-state RSS slope (MB/hour, least squares after warm-up), growth, and p50/p99
+    latency at the start and the end; exits 1 when a soak.* threshold in the config is exceeded.
+
+    \b
+    Example:
+      worker soak --duration 2h --images ./samples --model efficientnet-lite0
+    """
+    from worker.service import soak as run_soak
+
+    cfg = _load(ctx, **overrides)
+    with _two_stage_stop() as stop:
+        v = run_soak(cfg, images, _duration(duration), stop, warmup_s=_duration(warmup) if warmup else None)
+    click.echo(f"soak run {v.run_id}: {v.images} images in {v.seconds} s ({v.images / max(v.seconds, 1e-9):.1f} images/s)")
+    click.echo(f"  RSS after warm-up: {v.rss_start_mb} -> {v.rss_end_mb} MB (growth {v.rss_end_mb - v.rss_start_mb:+.1f} MB, "
+               f"peak {v.rss_peak_mb} MB), slope {v.rss_slope_mb_per_h:.2f} MB/h over {v.samples} samples")
+    click.echo(f"  latency ms: start p50 {v.p50_start_ms:.1f} p99 {v.p99_start_ms:.1f}; "
+               f"end p50 {v.p50_end_ms:.1f} p99 {v.p99_end_ms:.1f}")
+    if v.passed:
+        click.echo("  verdict: PASS (memory and latency flat within the configured limits)")
+    else:
+        for f in v.failures:
+            click.echo(f"  verdict: FAIL: {f}")
+        sys.exit(1)
+
+
 @cli.group()
 def export() -> None:
     """Export results in other formats.

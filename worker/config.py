@@ -66,6 +66,12 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class SoakConfig:
+    max_rss_slope_mb_per_h: float = 2.0  # steady-state RSS slope above this fails the soak (CPU)
+    max_p99_ratio: float = 0.0  # end p99 / start p99 above this fails the soak; 0 = not checked
+
+
+@dataclass(frozen=True)
 class Config:
     inbox: Path = Path("var/inbox")
     outbox: Path = Path("var/outbox")
@@ -80,6 +86,7 @@ class Config:
     engine: EngineConfig = field(default_factory=EngineConfig)
     outputs: OutputConfig = field(default_factory=OutputConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    soak: SoakConfig = field(default_factory=SoakConfig)
     source: Path | None = field(default=None, metadata={"internal": True})  # the file it came from
 
     def with_overrides(self, **changes: Any) -> "Config":

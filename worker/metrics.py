@@ -11,8 +11,34 @@ import psutil
 from worker.store.recorder import Sample
 
 
-def percentiles(values: Sequence[float], qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
-    if not values:
+class LatencyWindow:
+    """Constant-memory latency record: the first `head` values and a ring of the last `tail` values.
+
+    A growing list would itself be a leak in a days-long watch or soak run."""
+
+    def __init__(self, head: int = 1000, tail: int = 10_000) -> None:
+        self._head = np.empty(head, dtype=np.float64)
+        self._tail = np.empty(tail, dtype=np.float64)
+        self.count = 0
+
+    def add(self, value: float) -> None:
+        if self.count < self._head.size:
+            self._head[self.count] = value
+        self._tail[self.count % self._tail.size] = value
+        self.count += 1
+
+    def first(self) -> np.ndarray:
+        return self._head[: min(self.count, self._head.size)].copy()
+
+    def last(self) -> np.ndarray:
+        """The most recent values (up to `tail` of them), oldest first."""
+        n = min(self.count, self._tail.size)
+        start = self.count % self._tail.size if self.count > self._tail.size else 0
+        return np.roll(self._tail, -start)[:n] if self.count > self._tail.size else self._tail[:n].copy()
+
+
+def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
+    if len(values) == 0:
         return {f"p{int(q)}": float("nan") for q in qs}
     arr = np.asarray(values, dtype=np.float64)
     return {f"p{int(q)}": float(np.percentile(arr, q)) for q in qs}
@@ -27,6 +53,26 @@ def slope_per_hour(seconds: Sequence[float], values: Sequence[float]) -> float:
         return float("nan")
     slope = np.polyfit(t, np.asarray(values, dtype=np.float64), 1)[0]
     return float(slope * 3600.0)
+
+
+def stabilize_allocator() -> bool:
+    """Pin glibc's mmap threshold (and cap its arenas) so that freed image-sized buffers go back to
+    the OS instead of fragmenting the heap: RSS then tracks what is really held, which is what a
+    leak verdict needs. glibc's default raises the threshold dynamically up to 32 MB after the
+    first large free, after which every decoded image stays in a per-thread arena. No-op elsewhere."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return False
+    m_mmap_threshold, m_arena_max = -3, -8
+    ok = libc.mallopt(m_mmap_threshold, 256 * 1024) == 1
+    ok = libc.mallopt(m_arena_max, 4) == 1 and ok
+    return ok
 
 
 def take_sample(queue_depth: int, images_done: int) -> Sample:

@@ -27,7 +27,7 @@ from worker.engine import Engine
 from worker.errors import ImageError, InputGone, WorkerError
 from worker.images import decode
 from worker.jobs import Job, JobStatus
-from worker.metrics import MemorySampler, percentiles
+from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard
 from worker.outbox import Outbox, move_verified
 from worker.results import labels_of, top_score
@@ -54,6 +54,7 @@ class Settings:
     memory_sample_s: float
     archive: Path | None = None  # watch mode: inputs move to <archive>/done|failed/<rel>
     keep_image: bool = False  # carry the decoded image to the finish stage (overlays need it)
+    replay: bool = False  # soak: process images again even when the ledger says done
 
 
 @dataclass
@@ -61,7 +62,7 @@ class Counts:
     done: int = 0
     failed: int = 0
     skipped: int = 0
-    latencies_ms: list[float] = field(default_factory=list)
+    latencies_ms: LatencyWindow = field(default_factory=LatencyWindow)  # done images, total ms
 
     @property
     def processed(self) -> int:
@@ -166,6 +167,8 @@ class Pipeline:
 
     def _prepare(self, item: _Item, t0: float) -> None:
         job = item.job
+        if job.path.is_symlink():  # never followed: it could point anywhere on the machine
+            raise ImageError(job.rel, "symbolic link: not followed (copy the file into the folder instead)")
         try:
             data = job.path.read_bytes()
         except FileNotFoundError:
@@ -173,7 +176,7 @@ class Pipeline:
         except (PermissionError, IsADirectoryError, OSError) as e:
             raise InputGone(job.rel, f"cannot read file: {e.strerror or e}") from None
         item.sha256, item.size = hashlib.sha256(data).hexdigest(), len(data)
-        known = lookup(self.db, job.rel, item.sha256, self.card.name)
+        known = None if self.settings.replay else lookup(self.db, job.rel, item.sha256, self.card.name)
         if known is not None and known.status == JobStatus.DONE.value:
             item.error = _SKIP
             return
@@ -268,7 +271,7 @@ class Pipeline:
         status = event.status
         if status is JobStatus.DONE:
             self.counts.done += 1
-            self.counts.latencies_ms.append(event.timings["total_ms"] if event.timings else 0.0)
+            self.counts.latencies_ms.add(event.timings["total_ms"] if event.timings else 0.0)
         else:
             self.counts.failed += 1
         self._archive(job, status, event.committed)
@@ -324,4 +327,4 @@ def summarize(counts: Counts, seconds: float) -> dict[str, Any]:
     return {"images": counts.processed + counts.skipped, "done": counts.done, "failed": counts.failed,
             "skipped": counts.skipped, "seconds": round(seconds, 3),
             "images_per_s": round(counts.processed / seconds, 2) if seconds > 0 else 0.0,
-            **{k: round(v, 1) for k, v in percentiles(counts.latencies_ms).items()}}
+            **{k: round(v, 1) for k, v in percentiles(counts.latencies_ms.last()).items()}}

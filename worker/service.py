@@ -17,6 +17,7 @@ from worker.errors import ConfigError
 from worker.intake.scan import walk
 from worker.intake.watch import Intake, start_observer
 from worker.jobs import Job, JobStatus
+from worker.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
@@ -56,9 +57,11 @@ def _check_dirs(cfg: Config, root: Path, archive: Path | None) -> None:
 
 @contextmanager
 def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = None,
-                  on_finished: Callable[[Job, JobStatus], None] | None = None) -> Iterator[Pipeline]:
+                  on_finished: Callable[[Job, JobStatus], None] | None = None,
+                  replay: bool = False) -> Iterator[Pipeline]:
     """Card, model, database, engine (warmed up), recorder, outbox and pipeline, closed in order."""
     _check_dirs(cfg, root, archive)
+    stabilize_allocator()
     card: ModelCard = find_card(cfg.models_dir, cfg.model)
     onnx = pull(card, cfg.cache_dir)
     card = with_labels(card, cfg.cache_dir)
@@ -75,7 +78,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = Non
                         max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
                         memory_sample_s=cfg.metrics.memory_sample_s or 5.0, archive=archive,
-                        keep_image=cfg.outputs.overlays)
+                        keep_image=cfg.outputs.overlays, replay=replay)
     recorder = Recorder(db, RunInfo(mode=mode, root=str(root), model=card.name, model_sha256=sha256_file(onnx),
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
     o = cfg.outputs
@@ -178,3 +181,86 @@ def describe(outbox: Path, rel: str) -> str:
     if doc["task"] == "detect":
         return ", ".join(f"{b['name']} {b['score']:.2f}" for b in doc["boxes"]) or "no boxes"
     return f"text mask {doc['fg_fraction']:.2%} of pixels -> {doc.get('mask_path')}"
+
+
+@dataclass(frozen=True)
+class SoakVerdict:
+    run_id: int
+    images: int
+    seconds: float
+    rss_slope_mb_per_h: float
+    rss_start_mb: float  # first sample after warm-up
+    rss_end_mb: float
+    rss_peak_mb: float
+    samples: int
+    p50_start_ms: float
+    p99_start_ms: float
+    p50_end_ms: float
+    p99_end_ms: float
+    failures: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+
+def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | None = None,
+         on_finished: Callable[[Job, JobStatus], None] | None = None, warmup_s: float | None = None) -> SoakVerdict:
+    """Replay the images under `folder` through the full pipeline for `duration_s` (outputs are
+    overwritten, not accumulated), then judge the memory and latency trend against cfg.soak."""
+    import math
+
+    from worker.metrics import percentiles
+    from worker.store.queries import run_stats
+
+    folder = folder.absolute()
+    paths = list(walk(folder, cfg.extensions, skip=(cfg.outbox,)))
+    if not paths:
+        raise ConfigError(f"{folder}: no images to soak with")
+    warm = cfg.metrics.warmup_s if warmup_s is None else warmup_s
+    with open_pipeline(cfg, "soak", folder, on_finished=on_finished, replay=True) as pipeline:
+        t0 = time.monotonic()
+        n = 0
+        while time.monotonic() - t0 < duration_s and not (stop is not None and stop.is_set()):
+            pipeline.submit(Job.from_path(folder, paths[n % len(paths)]))
+            n += 1
+        pipeline.drain()
+        seconds = time.monotonic() - t0
+        run_id, lat = pipeline.recorder.run_id, pipeline.counts.latencies_ms
+    db = open_db(cfg.db)
+    try:
+        (stats,) = run_stats(db, run_id=run_id, warmup_s=warm)
+        rows = _steady_rss(db, run_id, warm)
+    finally:
+        db.dispose()
+    mem = stats["memory"]
+    slope = mem.get("slope_mb_per_h", float("nan"))
+    start, end = percentiles(lat.first()), percentiles(lat.last())
+    failures = []
+    limit = cfg.soak.max_rss_slope_mb_per_h
+    if math.isnan(slope):
+        failures.append(f"too few memory samples after the {warm:.0f} s warm-up to judge the trend")
+    elif slope > limit:
+        failures.append(f"RSS grows {slope:.2f} MB/h after warm-up (limit {limit} MB/h, soak.max_rss_slope_mb_per_h)")
+    ratio = cfg.soak.max_p99_ratio
+    if ratio and end["p99"] > ratio * start["p99"]:
+        failures.append(f"p99 latency grew from {start['p99']:.1f} to {end['p99']:.1f} ms (limit x{ratio})")
+    return SoakVerdict(run_id=run_id, images=n, seconds=round(seconds, 1), rss_slope_mb_per_h=slope,
+                       rss_start_mb=rows[0] if rows else float("nan"), rss_end_mb=rows[-1] if rows else float("nan"),
+                       rss_peak_mb=mem.get("rss_peak_mb", float("nan")), samples=mem.get("steady_samples", 0),
+                       p50_start_ms=start["p50"], p99_start_ms=start["p99"], p50_end_ms=end["p50"],
+                       p99_end_ms=end["p99"], failures=tuple(failures))
+
+
+def _steady_rss(db: Any, run_id: int, warmup_s: float) -> list[float]:
+    from sqlalchemy import select
+
+    from worker.store.schema import MemorySample
+
+    with db.connect() as c:
+        rows = c.execute(select(MemorySample.at, MemorySample.rss_bytes).where(MemorySample.run_id == run_id)
+                         .order_by(MemorySample.at)).all()
+    if not rows:
+        return []
+    t0 = rows[0].at
+    return [round(r.rss_bytes / 2**20, 1) for r in rows if (r.at - t0).total_seconds() >= warmup_s]
