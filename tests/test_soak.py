@@ -1,48 +1,81 @@
-"""`worker soak` judges memory for real: a planted leak fails it, the same run without it passes."""
+"""`worker soak` judges memory for real: a planted leak fails it, the same run without it passes.
+
+Each soak runs in its own process, as `worker soak` does, so one run's freed memory cannot blur the
+next one's trend."""
 
 from __future__ import annotations
 
-import dataclasses
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from worker.service import soak
+from tests.conftest import CACHE, ROOT
 
 LEAK_BYTES = 16 * 1024  # retained per image by the planted hook
 
+DRIVER = """
+import dataclasses, json, sys
+from pathlib import Path
+from worker.config import load
+from worker.service import soak
+
+conf, folder, leak_bytes = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
+retained = []
+hook = (lambda job, status: retained.append(bytes(leak_bytes))) if leak_bytes else None
+v = soak(load(Path(conf)), folder, duration_s=30, on_finished=hook, warmup_s=8)
+print(json.dumps({**dataclasses.asdict(v), "passed": v.passed}))
+"""
+
 
 @pytest.fixture
-def soak_cfg(cfg, tmp_path: Path, samples: Path, effnet_onnx: Path):
+def setup(tmp_path: Path, samples: Path, effnet_onnx: Path) -> tuple[Path, Path, Path]:
     folder = tmp_path / "soak"
     folder.mkdir()
     for name in ("coffee.png", "chelsea.png", "astronaut.png", "rocket.jpg"):
         shutil.copy(samples / name, folder / name)
-    # a short soak cannot resolve 2 MB/h (RSS noise is a few MB); this threshold separates
-    # "flat" from the planted leak's 16 KB x tens of images/s = over 1 GB/h
-    c = dataclasses.replace(cfg, model="efficientnet-lite0",
-                            metrics=dataclasses.replace(cfg.metrics, memory_sample_s=0.25),
-                            soak=dataclasses.replace(cfg.soak, max_rss_slope_mb_per_h=400.0))
-    return c, folder
+    conf = tmp_path / "config.yaml"
+    # a 30 s soak cannot resolve 2 MB/h (RSS moves by a few MB); 1000 MB/h separates "flat" (about 300 here)
+    # from the planted leak (16 KB x tens of images/s, about 3200 MB/h here)
+    conf.write_text(f"outbox: out\ndb: sqlite:///w.db\nmodel: efficientnet-lite0\nmodels_dir: {ROOT / 'models'}\n"
+                    f"cache_dir: {CACHE}\nmetrics: {{memory_sample_s: 0.25}}\n"
+                    "soak: {max_rss_slope_mb_per_h: 1000.0}\n")
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    return conf, folder, driver
 
 
-@pytest.mark.timeout(300)
-def test_planted_leak_fails_and_clean_run_passes(soak_cfg) -> None:
-    cfg, folder = soak_cfg
-    retained: list[bytes] = []
+def _soak(setup, leak: int) -> dict:
+    conf, folder, driver = setup
+    proc = subprocess.run([sys.executable, str(driver), str(conf), str(folder), str(leak)], capture_output=True,
+                          text=True, timeout=200)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    verdict = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("leak" if leak else "clean", verdict)
+    return verdict
 
-    def leak(job, status) -> None:
-        retained.append(bytes(LEAK_BYTES))
 
-    leaky = soak(cfg, folder, duration_s=30, on_finished=leak, warmup_s=8)
-    print("with leak:", leaky)
-    assert not leaky.passed and "RSS grows" in leaky.failures[0], leaky
-    assert leaky.rss_slope_mb_per_h > 400 and leaky.images > 100
-    retained.clear()
+@pytest.mark.timeout(400)
+def test_planted_leak_fails_and_clean_run_passes(setup) -> None:
+    clean = _soak(setup, 0)
+    assert clean["passed"], clean
+    assert clean["images"] > 100 and clean["samples"] > 50 and clean["p99_end_ms"] > 0
 
-    clean = soak(cfg, folder, duration_s=30, warmup_s=8)
-    print("without leak:", clean)
-    assert clean.passed, clean
-    assert clean.images > 100 and clean.samples > 50
-    assert clean.p99_end_ms > 0 and clean.p50_start_ms > 0
+    leaky = _soak(setup, LEAK_BYTES)
+    assert not leaky["passed"] and "RSS grows" in leaky["failures"][0], leaky
+    assert leaky["rss_end_mb"] - leaky["rss_start_mb"] > 5
+
+
+def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+
+    conf, folder, _ = setup
+    out = CliRunner().invoke(cli, ["--config", str(conf), "soak", "--duration", "6s", "--warmup", "1s",
+                                   "--images", str(folder)])
+    assert "RSS after warm-up" in out.output and "latency ms: start p50" in out.output and "verdict:" in out.output
+    assert out.exit_code == (0 if "PASS" in out.output else 1)

@@ -82,13 +82,15 @@ class Outbox:
             write_atomic(inside(self.root, json_rel), json.dumps(document, indent=1).encode())
         return json_rel, mask_rel
 
-    def remove_stale_temporaries(self) -> int:
-        """Temporary files a crash left behind (never complete outputs)."""
-        n = 0
-        for p in self.root.rglob(TMP_PREFIX + "*"):
+
+def remove_temporaries(root: Path) -> int:
+    """Delete the temporary files a crash left behind under root (never complete outputs)."""
+    n = 0
+    if root.exists():
+        for p in root.rglob(TMP_PREFIX + "*"):
             p.unlink(missing_ok=True)
             n += 1
-        return n
+    return n
 
 
 def move_verified(src: Path, dst: Path) -> Path:

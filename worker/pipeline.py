@@ -123,6 +123,11 @@ class Pipeline:
             self._pending += 1
         self._jobs.put(job)
 
+    def wait_for_room(self, max_pending: int) -> None:
+        """Block until fewer than `max_pending` jobs are in flight (steady-load callers: soak, bench)."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending < max_pending)
+
     def depth(self) -> int:
         return self._jobs.qsize() + self._prepared.qsize() + self._inferred.qsize()
 

@@ -21,7 +21,7 @@ from worker.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
-from worker.outbox import Outbox
+from worker.outbox import Outbox, remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize
 from worker.store.db import open_db
 from worker.store.recorder import Recorder, RunInfo
@@ -83,7 +83,9 @@ def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = Non
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
     o = cfg.outputs
     outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays)
-    outbox.remove_stale_temporaries()
+    for folder in (cfg.outbox, archive):
+        if folder is not None and (n := remove_temporaries(folder)):
+            log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
     try:
         with Pipeline(card=card, engine=engine, adapter=adapter_for(card), recorder=recorder, outbox=outbox,
                       db=db, settings=settings, on_finished=on_finished) as pipeline:
@@ -221,7 +223,10 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
     with open_pipeline(cfg, "soak", folder, on_finished=on_finished, replay=True) as pipeline:
         t0 = time.monotonic()
         n = 0
+        # a constant number in flight: steady memory and latencies that measure processing, not queueing
+        in_flight = 2 * (pipeline.settings.decode_workers + pipeline.settings.infer_workers)
         while time.monotonic() - t0 < duration_s and not (stop is not None and stop.is_set()):
+            pipeline.wait_for_room(in_flight)
             pipeline.submit(Job.from_path(folder, paths[n % len(paths)]))
             n += 1
         pipeline.drain()

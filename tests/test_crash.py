@@ -1,0 +1,135 @@
+"""kill -9 at random points, several times, then restart: every input ends with exactly one done or
+failed row and one complete set of outputs, and no temporary files remain."""
+
+from __future__ import annotations
+
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.conftest import CACHE, ROOT, wait_for
+
+N_IMAGES = 240
+N_BAD = 6
+
+
+def make_corpus(folder: Path, samples: Path, n: int = N_IMAGES, bad: int = N_BAD) -> list[str]:
+    """Distinct small real images (crops of the samples, numbered so no two are equal) and bad files."""
+    folder.mkdir(parents=True, exist_ok=True)
+    sources = [cv2.imread(str(samples / s)) for s in ("chelsea.png", "coffee.png", "astronaut.png", "rocket.jpg")]
+    rels = []
+    for i in range(n):
+        img = sources[i % len(sources)]
+        y, x = (i * 7) % 100, (i * 13) % 100
+        crop = img[y:y + 200, x:x + 240].copy()
+        cv2.putText(crop, str(i), (10, 30), cv2.FONT_HERSHEY_SIMPLEX, 1, (0, 0, 255), 2)
+        rel = f"d{i % 5}/img_{i:04d}.jpg"
+        (folder / rel).parent.mkdir(exist_ok=True)
+        cv2.imwrite(str(folder / rel), crop)
+        rels.append(rel)
+    for i in range(bad):
+        (folder / f"bad_{i}.jpg").write_bytes(np.random.default_rng(i).bytes(3000))
+        rels.append(f"bad_{i}.jpg")
+    return rels
+
+
+def write_config(tmp: Path) -> Path:
+    conf = tmp / "config.yaml"
+    conf.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
+                    f"model: efficientnet-lite0\nmodels_dir: {ROOT / 'models'}\ncache_dir: {CACHE}\n"
+                    "pipeline: {max_attempts: 10}\nwatch: {settle_s: 0.2, rescan_interval_s: 1.0}\n"
+                    "metrics: {memory_sample_s: 1.0}\n")
+    return conf
+
+
+def finished_rows(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=30) as c:
+            return c.execute("select count(*) from images where status in ('done','failed')").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+
+
+def start(conf: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=conf.parent)
+
+
+def kill_rounds(conf: Path, args: list[str], rounds: int, rng: random.Random) -> int:
+    db = conf.parent / "worker.db"
+    killed = 0
+    for _ in range(rounds):
+        before = finished_rows(db)
+        proc = start(conf, *args)
+        # let it get going, then kill it at a random point mid-flight
+        wait_for(lambda: finished_rows(db) >= before + rng.randint(5, 40) or proc.poll() is not None, 60)
+        time.sleep(rng.uniform(0, 0.3))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            killed += 1
+        proc.wait(30)
+    return killed
+
+
+def check_outcome(tmp: Path, rels: list[str]) -> None:
+    with sqlite3.connect(tmp / "worker.db") as c:
+        rows = c.execute("select rel_path, status, attempts, error from images").fetchall()
+    by_rel: dict[str, list] = {}
+    for r in rows:
+        by_rel.setdefault(r[0], []).append(r)
+    assert sorted(by_rel) == sorted(rels), "every input has a row, and no row without an input"
+    assert all(len(v) == 1 for v in by_rel.values()), "exactly one row per input"
+    for rel, ((_, status, attempts, error),) in by_rel.items():
+        if rel.startswith("bad_"):
+            assert status == "failed" and error, rel
+        else:
+            assert status == "done", (rel, status, error)
+            doc = tmp / "outbox" / f"{rel}.json"
+            assert doc.exists() and doc.read_text().rstrip().endswith("}"), rel
+    outs = [p for p in (tmp / "outbox").rglob("*") if p.is_file()]
+    assert len(outs) == N_IMAGES, "exactly one complete set of outputs per done image"
+    assert not [p for p in tmp.rglob(".tmp-*")], "no temporary files remain"
+
+
+@pytest.mark.timeout(400)
+def test_run_survives_kill_9(tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
+    rels = make_corpus(tmp_path / "in", samples)
+    conf = write_config(tmp_path)
+    killed = kill_rounds(conf, ["run", str(tmp_path / "in"), "--no-progress"], 4, random.Random(1))
+    assert killed >= 3
+    proc = start(conf, "run", str(tmp_path / "in"), "--no-progress")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    check_outcome(tmp_path, rels)
+
+
+@pytest.mark.timeout(400)
+def test_watch_survives_kill_9_and_stops_on_sigterm(tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
+    rels = make_corpus(tmp_path / "inbox", samples)
+    conf = write_config(tmp_path)
+    killed = kill_rounds(conf, ["watch"], 4, random.Random(2))
+    assert killed >= 3
+    proc = start(conf, "watch")
+    try:
+        assert wait_for(lambda: not [p for p in (tmp_path / "inbox").rglob("*") if p.is_file()], 300)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    check_outcome(tmp_path, rels)
+    archived = sorted(p.relative_to(tmp_path / "archive").as_posix() for p in (tmp_path / "archive").rglob("*")
+                      if p.is_file())
+    expected = sorted(("failed/" if r.startswith("bad_") else "done/") + r for r in rels)
+    assert archived == expected, "each input archived exactly once, in done/ or failed/"
