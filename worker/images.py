@@ -41,6 +41,8 @@ def decode(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     size = header_size(data, name)
     if size is not None and max_pixels and size[0] * size[1] > max_pixels:
         raise ImageTooLarge(name, f"{size[0]}x{size[1]} pixels is over the limit of {max_pixels} (pipeline.max_pixels)")
+    if data[:2] == b"\xff\xd8":
+        _check_jpeg_complete(data, name)
     buf = np.frombuffer(data, dtype=np.uint8)
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR)  # applies EXIF orientation, 16->8 bit, gray->3 channels
     if img is None:
@@ -48,6 +50,16 @@ def decode(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
     return img
+
+
+def _check_jpeg_complete(data: bytes, name: str) -> None:
+    """libjpeg decodes a truncated JPEG 'successfully', filling the rest with gray; refuse it instead.
+
+    The end-of-image marker must follow the last start-of-scan marker (markers cannot occur inside
+    entropy-coded data, so an EXIF thumbnail's own EOI, which comes earlier, does not count)."""
+    sos = data.rfind(b"\xff\xda")
+    if sos == -1 or data.find(b"\xff\xd9", sos) == -1:
+        raise DecodeError(name, "truncated JPEG (no end-of-image marker after the last scan)")
 
 
 def _decode_with_pillow(data: bytes, name: str) -> np.ndarray:
