@@ -41,3 +41,18 @@ def test_results_check_shapes() -> None:
         Mask(mask=np.zeros((2, 2), np.uint8), label="t", score=0)
     with pytest.raises(ValueError):
         Classification(class_ids=np.zeros(2, np.int64), scores=np.zeros(3), names=("a", "b"), uncertain=False)
+
+
+def test_move_across_filesystems_copies_verifies_then_deletes(tmp_path: Path) -> None:
+    import os
+    import tempfile
+
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("no second filesystem here")
+    src = tmp_path / "in.jpg"
+    src.write_bytes(b"x" * 100_000)
+    with tempfile.TemporaryDirectory(dir=shm) as other:
+        dst = move_verified(src, Path(other) / "done" / "in.jpg")
+        assert dst.read_bytes() == b"x" * 100_000 and not src.exists()
+        assert not list(Path(other).rglob(".tmp-*"))

@@ -81,3 +81,43 @@ def test_latency_window_is_bounded_and_ordered() -> None:
     small = LatencyWindow(head=3, tail=4)
     small.add(5.0)
     assert small.last().tolist() == [5.0]
+
+
+def test_readers_never_see_database_locked_while_the_worker_writes(cfg, tmp_path: Path, samples: Path) -> None:
+    import threading
+
+    from worker.store.queries import Filters, query_images, run_stats
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(30):
+        shutil.copy(samples / "coffee.png", folder / f"c{i}.png")
+        (folder / f"c{i}.png").write_bytes((folder / f"c{i}.png").read_bytes() + bytes([i]))  # distinct content
+    open_db(cfg.db).dispose()
+    errors: list[BaseException] = []
+    reads = [0]
+    stop = threading.Event()
+
+    def reader() -> None:
+        db = make_engine(cfg.db)
+        while not stop.is_set():
+            try:
+                query_images(db, Filters(limit=50))
+                run_stats(db, last=2)
+                reads[0] += 1
+            except BaseException as e:  # "database is locked" would land here
+                errors.append(e)
+                return
+        db.dispose()
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        summary = run_folder(cfg, folder)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors
+    assert summary.figures["done"] == 30 and reads[0] > 10
