@@ -295,6 +295,29 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
         sys.exit(1)
 
 
+@cli.command()
+@click.option("--model", "models", multiple=True, help="Model card (repeatable; default: all three bundled cards).")
+@click.option("--width", "widths", type=int, multiple=True, help="Corpus image width in px (default: 640 and 1920).")
+@click.option("--images", "count", type=int, default=200, show_default=True, help="Images per corpus.")
+@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Also write the figures as JSON here.")
+@click.pass_context
+def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], count: int,
+          json_out: Path | None) -> None:
+    """Measure bare inference, the naive loop and `worker run` side by side, with the machine's limit.
+
+    \b
+    Example:
+      worker bench --model efficientnet-lite0 --images 300
+    """
+    from worker.bench import as_dicts, run_bench
+    from worker.service import DEMO_MODELS
+
+    cfg = _load(ctx)
+    results = run_bench(cfg, models or DEMO_MODELS, widths or (640, 1920), count, click.echo)
+    if json_out is not None:
+        json_out.write_text(json.dumps(as_dicts(results), indent=1))
+
+
 @cli.group()
 def export() -> None:
     """Export results in other formats.

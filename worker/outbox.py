@@ -79,7 +79,7 @@ class Outbox:
         json_rel = None
         if self.write_json:
             json_rel = rel + ".json"
-            write_atomic(inside(self.root, json_rel), json.dumps(document, indent=1).encode())
+            write_atomic(inside(self.root, json_rel), json.dumps(document, ensure_ascii=False).encode())
         return json_rel, mask_rel
 
 

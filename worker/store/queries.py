@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, select
+from sqlalchemy import Engine, and_, bindparam, func, select
 
 from worker.metrics import percentiles, slope_per_hour
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
@@ -19,11 +19,14 @@ class Known:
     error: str | None
 
 
+_LOOKUP = select(ImageRow.status, ImageRow.attempts, ImageRow.error).where(
+    ImageRow.rel_path == bindparam("rel"), ImageRow.sha256 == bindparam("sha"), ImageRow.model == bindparam("model"))
+
+
 def lookup(db: Engine, rel: str, sha256: str, model: str) -> Known | None:
-    """The ledger's word on one (path, content, model)."""
+    """The ledger's word on one (path, content, model). Called per image: the statement is built once."""
     with db.connect() as c:
-        row = c.execute(select(ImageRow.status, ImageRow.attempts, ImageRow.error).where(
-            ImageRow.rel_path == rel, ImageRow.sha256 == sha256, ImageRow.model == model)).first()
+        row = c.execute(_LOOKUP, {"rel": rel, "sha": sha256, "model": model}).first()
     return Known(row.status, row.attempts, row.error) if row else None
 
 

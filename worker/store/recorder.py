@@ -15,12 +15,16 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Union
 
-from sqlalchemy import Engine, delete, select, update
+from sqlalchemy import Connection, Engine, bindparam, case, delete, insert, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from worker import __version__
 from worker.jobs import JobStatus
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
+
+IMAGES, RESULTS, LABELS = ImageRow.__table__, ResultRow.__table__, LabelRow.__table__
+TIMINGS, SAMPLES = TimingRow.__table__, MemorySample.__table__
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256  # events per transaction
@@ -92,6 +96,10 @@ class Recorder:
             s.add(run)
             s.flush()
             self.run_id: int = run.id
+        # upserts are dialect-specific (both SQLite and PostgreSQL have ON CONFLICT ... RETURNING)
+        self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
+        self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
+        self._statements()
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
         self._thread.start()
@@ -134,46 +142,69 @@ class Recorder:
                 if isinstance(e, Finished) and e.committed is not None:
                     e.committed.set()
 
+    def _statements(self) -> None:
+        """Built once with bind parameters: building SQLAlchemy statements per image costs more than running them."""
+        now, run = bindparam("now"), bindparam("run_id")
+        ins = self._insert(IMAGES).values(
+            run_id=run, rel_path=bindparam("rel"), sha256=bindparam("sha"), model=bindparam("model"),
+            size=bindparam("size"), status=bindparam("status"), attempts=bindparam("inc"), error=None,
+            created_at=now, updated_at=now)
+        self._upsert = ins.on_conflict_do_update(
+            index_elements=[IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.model],
+            set_=dict(run_id=ins.excluded.run_id, status=ins.excluded.status, error=None,
+                      updated_at=ins.excluded.updated_at, attempts=IMAGES.c.attempts + ins.excluded.attempts),
+        ).returning(IMAGES.c.id, IMAGES.c.created_at)
+        self._finish = update(IMAGES).where(IMAGES.c.id == bindparam("image_id")).values(
+            status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"),
+            attempts=case((IMAGES.c.attempts == 0, 1), else_=IMAGES.c.attempts))
+
     def _write(self, batch: list[Event]) -> None:
-        with Session(self.engine) as s, s.begin():
+        """One transaction per batch; prepared statements and executemany, since this runs for every image."""
+        now = utcnow()
+        # a claim whose finish is in the same batch is written once, with the finish: half the
+        # statements under load, and the same ledger after a crash (neither or both are committed)
+        finishing = {(e.rel, e.sha256) for e in batch if isinstance(e, Finished)}
+        rows: dict[Any, list[dict[str, Any]]] = {RESULTS: [], LABELS: [], TIMINGS: [], SAMPLES: []}
+        finished: list[dict[str, Any]] = []
+        stale: list[int] = []
+        with self.engine.begin() as conn:
             for e in batch:
                 if isinstance(e, Sample):
-                    s.add(MemorySample(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds,
-                                       threads=e.threads, queue_depth=e.queue_depth,
-                                       images_done=e.images_done, gpu_bytes=e.gpu_bytes))
+                    rows[SAMPLES].append(dict(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds,
+                                              threads=e.threads, queue_depth=e.queue_depth,
+                                              images_done=e.images_done, gpu_bytes=e.gpu_bytes))
                 elif isinstance(e, Claimed):
-                    row = self._image(s, e.rel, e.sha256, e.size)
-                    row.status = JobStatus.PROCESSING.value
-                    row.attempts += 1
-                    row.error = None
-                    row.updated_at = utcnow()
+                    key = (e.rel, e.sha256)
+                    self._claimed[key] = None if key in finishing else self._claim(conn, e.rel, e.sha256, e.size, 1, now)
                 else:
-                    self._finish(s, e)
+                    key = (e.rel, e.sha256)
+                    claimed = self._claimed.pop(key, "unclaimed")
+                    if claimed is None or claimed == "unclaimed":  # claimed in this batch, or never claimed
+                        claimed = self._claim(conn, e.rel, e.sha256, e.size, 1 if claimed is None else 0, now)
+                    image_id, fresh = claimed  # type: ignore[misc]
+                    finished.append(dict(image_id=image_id, status=e.status.value, error=e.error, now=now))
+                    if not fresh:  # a retried image replaces its earlier rows: never two results
+                        stale.append(image_id)
+                    if e.status is JobStatus.DONE and e.task is not None:
+                        rows[RESULTS].append(dict(image_id=image_id, task=e.task, score=e.score,
+                                                  payload=e.payload or {}, json_path=e.json_path,
+                                                  mask_path=e.mask_path))
+                        rows[LABELS] += [dict(image_id=image_id, class_id=c, name=n, score=sc) for c, n, sc in e.labels]
+                    if e.timings is not None:
+                        rows[TIMINGS].append(dict(image_id=image_id, run_id=self.run_id, **e.timings))
+            if finished:
+                conn.execute(self._finish, finished)
+            if stale:
+                for table in (RESULTS, LABELS, TIMINGS):
+                    conn.execute(delete(table).where(table.c.image_id.in_(stale)))
+            for table, values in rows.items():
+                if values:
+                    conn.execute(insert(table), values)
 
-    def _image(self, s: Session, rel: str, sha256: str, size: int) -> ImageRow:
-        row = s.scalars(select(ImageRow).where(ImageRow.rel_path == rel, ImageRow.sha256 == sha256,
-                                               ImageRow.model == self.model)).first()
-        if row is None:
-            row = ImageRow(run_id=self.run_id, rel_path=rel, sha256=sha256, model=self.model, size=size,
-                           status=JobStatus.QUEUED.value, attempts=0)
-            s.add(row)
-            s.flush()
-        row.run_id = self.run_id
-        return row
-
-    def _finish(self, s: Session, e: Finished) -> None:
-        row = self._image(s, e.rel, e.sha256, e.size)
-        if row.attempts == 0:  # failed before it could be claimed (unreadable, gone): still one attempt
-            row.attempts = 1
-        row.status = e.status.value
-        row.error = e.error
-        row.updated_at = utcnow()
-        # a retried image replaces its earlier result rows: never two results for one image
-        for table in (ResultRow, LabelRow, TimingRow):
-            s.execute(delete(table).where(table.image_id == row.id))
-        if e.status is JobStatus.DONE and e.task is not None:
-            s.add(ResultRow(image_id=row.id, task=e.task, score=e.score, payload=e.payload or {},
-                            json_path=e.json_path, mask_path=e.mask_path))
-            s.add_all([LabelRow(image_id=row.id, class_id=c, name=n, score=sc) for c, n, sc in e.labels])
-        if e.timings is not None:
-            s.add(TimingRow(image_id=row.id, run_id=self.run_id, **e.timings))
+    def _claim(self, conn: Connection, rel: str, sha256: str, size: int, inc: int, now: datetime) -> tuple[int, bool]:
+        """Upsert the image row as processing, attempts + inc. Returns (id, fresh): fresh means first
+        seen now, so it has no earlier result rows to replace."""
+        image_id, created_at = conn.execute(self._upsert, dict(
+            run_id=self.run_id, rel=rel, sha=sha256, model=self.model, size=size,
+            status=JobStatus.PROCESSING.value, inc=inc, now=now)).one()
+        return image_id, created_at == now

@@ -1,0 +1,198 @@
+"""`worker bench`: how close `worker run` comes to this machine's limit, measured side by side.
+
+For each corpus (the demo images resized to 640 and 1920 px wide, saved as JPEG) it measures:
+  A  bare `session.run` on ready tensors: 1 intra-op thread and all cores, batch 1..8;
+  B  the naive sequential loop a user would write (read, decode, preprocess, run, postprocess, write JSON);
+  C  `worker run` itself, default config, database and outbox writes on;
+and the per-stage costs on one thread, from which the limit is
+  limit = cores / (1/bare_1_thread + t_decode + t_preprocess + t_postprocess).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import cv2
+import numpy as np
+import onnxruntime as ort
+
+from worker.config import Config
+from worker.images import decode
+from worker.models.card import find_card
+from worker.models.pull import pull, with_labels
+from worker.samples import fetch_samples
+from worker.service import run_folder
+from worker.store.db import open_db
+from worker.tasks import adapter_for
+
+
+@dataclass(frozen=True)
+class CorpusResult:
+    model: str
+    width: int
+    images: int
+    bare_1t: float  # img/s, 1 intra-op thread, batch 1
+    bare_best: float  # img/s, best of threads x batch
+    bare_best_at: str
+    decode_ms: float
+    preprocess_ms: float
+    postprocess_ms: float
+    limit: float
+    naive: float
+    worker: float
+    worker_p50_ms: float
+    worker_p99_ms: float
+    worker_rss_peak_mb: float
+
+    @property
+    def ratio_limit(self) -> float:
+        return self.worker / self.limit
+
+    @property
+    def ratio_naive(self) -> float:
+        return self.worker / self.naive
+
+
+def make_corpus(samples: Path, width: int, count: int, dest: Path) -> list[Path]:
+    """`count` JPEGs `width` px wide, cycling through the sample photographs."""
+    dest.mkdir(parents=True, exist_ok=True)
+    sources = [cv2.imread(str(p)) for p in sorted(samples.iterdir()) if p.suffix in (".png", ".jpg")]
+    sources = [s for s in sources if s is not None and s.shape[1] >= 300]
+    out = []
+    for i in range(count):
+        img = sources[i % len(sources)]
+        h = round(img.shape[0] * width / img.shape[1])
+        big = cv2.resize(img, (width, h), interpolation=cv2.INTER_CUBIC)
+        path = dest / f"img_{i:04d}.jpg"
+        cv2.imwrite(str(path), big, [cv2.IMWRITE_JPEG_QUALITY, 90])
+        out.append(path)
+    return out
+
+
+def _best_rate(fn: Callable[[], int], seconds: float = 1.5) -> float:
+    """Items/s of fn() (which returns the items it did), best of 3 runs of about `seconds` each."""
+    best = 0.0
+    for _ in range(3):
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 3:
+            n += fn()
+        best = max(best, n / (time.perf_counter() - t0))
+    return best
+
+
+def _session(path: Path, threads: int | None) -> ort.InferenceSession:
+    opts = ort.SessionOptions()
+    if threads is not None:
+        opts.intra_op_num_threads = threads
+        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
+
+
+def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, work: Path,
+                say: Callable[[str], None]) -> list[CorpusResult]:
+    card = with_labels(find_card(cfg.models_dir, model), cfg.cache_dir)
+    onnx = pull(card, cfg.cache_dir)
+    adapter = adapter_for(card)
+    h, w = card.input.size[0], card.input.size[1]
+    cores = os.cpu_count() or 1
+    out_name = card.postprocess.output or None
+
+    # A: bare session.run on ready tensors
+    x1 = np.random.default_rng(0).standard_normal((8, 3, h, w)).astype(np.float32)
+    bare: dict[tuple[int, int], float] = {}
+    for threads in sorted({1, cores}):
+        s = _session(onnx, threads)
+        iname = s.get_inputs()[0].name
+        for batch in ((1, 2, 4, 8) if card.input.dynamic_batch else (1,)):
+            s.run(None, {iname: x1[:batch]})
+            bare[(threads, batch)] = _best_rate(lambda b=batch: (s.run(None, {iname: x1[:b]}), b)[1])
+        del s
+    bare_1t = bare[(1, 1)]
+    (bt, bb), best = max(bare.items(), key=lambda kv: kv[1])
+    say(f"  A bare session.run: 1 thread batch 1 {bare_1t:.1f} img/s; best {best:.1f} img/s "
+        f"({bt} threads, batch {bb})")
+
+    session = _session(onnx, None)  # what a user's naive loop gets: onnxruntime's defaults
+    iname = session.get_inputs()[0].name
+    results = []
+    samples = fetch_samples(cfg.cache_dir)
+    for width in widths:
+        folder = work / f"{model}-{width}"
+        files = make_corpus(samples, width, count, folder)
+        # per-stage costs on one thread
+        datas = [p.read_bytes() for p in files[:20]]
+        t0 = time.perf_counter()
+        imgs = [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]
+        t_dec = (time.perf_counter() - t0) / len(datas)
+        t0 = time.perf_counter()
+        pre = [adapter.preprocess(im) for im in imgs]
+        t_pre = (time.perf_counter() - t0) / len(pre)
+        outs = [session.run([out_name] if out_name else None, {iname: x[None]})[0][0] for x, _ in pre[:5]]
+        t0 = time.perf_counter()
+        for o, (_, g) in zip(outs * 4, pre[:20]):
+            adapter.postprocess(o, g)
+        t_post = (time.perf_counter() - t0) / 20
+        limit = cores / (1 / bare_1t + t_dec + t_pre + t_post)
+
+        # B: the naive loop
+        nout = work / f"naive-{model}-{width}"
+        nout.mkdir(exist_ok=True)
+        t0 = time.perf_counter()
+        for p in files:
+            img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+            x, g = adapter.preprocess(img)
+            y = session.run([out_name] if out_name else None, {iname: x[None]})[0][0]
+            r = adapter.postprocess(y, g)
+            (nout / f"{p.name}.json").write_text(json.dumps(r.summary()))
+        naive = len(files) / (time.perf_counter() - t0)
+
+        # C: worker run, default config, fresh database and outbox
+        c = dataclasses.replace(cfg, model=model, outbox=work / f"out-{model}-{width}",
+                                db=f"sqlite:///{work / f'bench-{model}-{width}.db'}")
+        summary = run_folder(c, folder)
+        db = open_db(c.db)
+        from worker.store.queries import run_stats
+
+        (st,) = run_stats(db, run_id=summary.run_id, warmup_s=0)
+        db.dispose()
+        f = summary.figures
+        r = CorpusResult(model=model, width=width, images=len(files), bare_1t=bare_1t, bare_best=best,
+                         bare_best_at=f"{bt}t b{bb}", decode_ms=t_dec * 1e3, preprocess_ms=t_pre * 1e3,
+                         postprocess_ms=t_post * 1e3, limit=limit, naive=naive, worker=f["images_per_s"],
+                         worker_p50_ms=f["p50"], worker_p99_ms=f["p99"],
+                         worker_rss_peak_mb=st["memory"].get("rss_peak_mb", float("nan")))
+        say(f"  {width} px: decode {r.decode_ms:.1f} ms, preprocess {r.preprocess_ms:.1f} ms, postprocess "
+            f"{r.postprocess_ms:.1f} ms -> limit {limit:.1f} img/s | B naive {naive:.1f} | C worker run "
+            f"{r.worker:.1f} img/s (C/limit {r.ratio_limit:.2f}, C/B {r.ratio_naive:.2f}), p50 {r.worker_p50_ms:.0f} "
+            f"ms p99 {r.worker_p99_ms:.0f} ms, peak RSS {r.worker_rss_peak_mb:.0f} MB")
+        results.append(r)
+    return results
+
+
+def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], count: int,
+              say: Callable[[str], None]) -> list[CorpusResult]:
+    say(f"worker bench: {os.cpu_count()} cores, onnxruntime {ort.__version__}, {count} images per corpus")
+    results: list[CorpusResult] = []
+    with tempfile.TemporaryDirectory(prefix="worker-bench-") as tmp:
+        for m in models:
+            say(f"model {m}")
+            results += bench_model(cfg, m, widths, count, Path(tmp), say)
+    say("")
+    say("| model | corpus | bare 1 thread | limit | B naive | C worker run | C/limit | C/B | p50 ms | p99 ms | peak RSS MB |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in results:
+        say(f"| {r.model} | {r.width} px | {r.bare_1t:.1f} | {r.limit:.1f} | {r.naive:.1f} | {r.worker:.1f} | "
+            f"{r.ratio_limit:.2f} | {r.ratio_naive:.2f} | {r.worker_p50_ms:.0f} | {r.worker_p99_ms:.0f} | "
+            f"{r.worker_rss_peak_mb:.0f} |")
+    return results
+
+
+def as_dicts(results: list[CorpusResult]) -> list[dict[str, Any]]:
+    return [{**dataclasses.asdict(r), "ratio_limit": r.ratio_limit, "ratio_naive": r.ratio_naive} for r in results]
