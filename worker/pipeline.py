@@ -25,7 +25,7 @@ from sqlalchemy import Engine as DbEngine
 
 from worker.engine import Engine
 from worker.errors import ImageError, InputGone, WorkerError
-from worker.images import decode
+from worker.images import decode, decode_reduced
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard
@@ -34,7 +34,7 @@ from worker.results import labels_of, top_score
 from worker.store.queries import lookup
 from worker.store.recorder import Claimed, Finished, Recorder
 from worker.tasks import TaskAdapter
-from worker.tasks.preprocess import Geometry
+from worker.tasks.preprocess import Geometry, needed_size
 
 log = logging.getLogger(__name__)
 _STOP: Any = object()
@@ -55,6 +55,7 @@ class Settings:
     archive: Path | None = None  # watch mode: inputs move to <archive>/done|failed/<rel>
     keep_image: bool = False  # carry the decoded image to the finish stage (overlays need it)
     replay: bool = False  # soak: process images again even when the ledger says done
+    jpeg_reduce: bool = False  # decode big JPEGs at a reduced scale (never with keep_image)
 
 
 @dataclass
@@ -103,6 +104,7 @@ class Pipeline:
         self._lock = threading.Lock()
         size = (card.input.size[0], card.input.size[1])
         self._size_hw = size
+        self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
         self._stages = [
             [self._thread(f"prepare-{i}", self._prepare_loop) for i in range(settings.decode_workers)],
             [self._thread(f"infer-{i}", self._infer_loop) for i in range(settings.infer_workers)],
@@ -189,9 +191,15 @@ class Pipeline:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
         self.recorder.put(Claimed(job.rel, item.sha256, item.size))
-        image = decode(data, job.rel, self.settings.max_pixels)
+        if self.settings.jpeg_reduce and not self.settings.keep_image:
+            image, orig_hw = decode_reduced(data, job.rel, self.settings.max_pixels, self._needed)
+        else:
+            image = decode(data, job.rel, self.settings.max_pixels)
+            orig_hw = (image.shape[0], image.shape[1])
         t1 = time.perf_counter()
         item.tensor, item.geometry = self.adapter.preprocess(image)
+        if orig_hw != image.shape[:2]:
+            item.geometry = item.geometry.rescaled(orig_hw)
         if self.settings.keep_image:
             item.image = image
         t2 = time.perf_counter()

@@ -78,7 +78,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = Non
                         max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
                         memory_sample_s=cfg.metrics.memory_sample_s or 5.0, archive=archive,
-                        keep_image=cfg.outputs.overlays, replay=replay)
+                        keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce)
     recorder = Recorder(db, RunInfo(mode=mode, root=str(root), model=card.name, model_sha256=sha256_file(onnx),
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
     o = cfg.outputs

@@ -21,6 +21,24 @@ class Geometry:
     top: int = 0
 
 
+    def rescaled(self, orig_hw: tuple[int, int]) -> "Geometry":
+        """The same mapping for an image that was decoded smaller than its original size orig_hw."""
+        fy, fx = orig_hw[0] / self.orig_hw[0], orig_hw[1] / self.orig_hw[1]
+        return Geometry(orig_hw, self.scale_x / fx, self.scale_y / fy, self.left, self.top)
+
+
+def needed_size(spec: Preprocess, size_hw: tuple[int, int], orig_hw: tuple[int, int]) -> tuple[int, int]:
+    """The smallest (h, w) a decoded image may have without losing pixels the resize would keep."""
+    h, w = orig_hw
+    if spec.resize == "shorter-crop":
+        s = spec.resize_shorter / min(h, w)
+    elif spec.resize == "letterbox":
+        s = min(size_hw[0] / h, size_hw[1] / w)
+    else:
+        return size_hw
+    return int(round(h * s)), int(round(w * s))
+
+
 def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
     """uint8 BGR (H, W, 3) -> float32 (3, h, w) in the card's colour order and normalisation."""
     h, w = image.shape[:2]
