@@ -50,6 +50,10 @@ class CorpusResult:
     worker_p50_ms: float
     worker_p99_ms: float
     worker_rss_peak_mb: float
+    steady_rate: float  # D: images/s offered, half of C
+    steady_first_ms: float
+    steady_p50_ms: float
+    steady_p99_ms: float
 
     @property
     def ratio_limit(self) -> float:
@@ -163,17 +167,41 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         (st,) = run_stats(db, run_id=summary.run_id, warmup_s=0)
         db.dispose()
         f = summary.figures
+        # D: the pipeline fed at a steady half of C's rate, as the watcher feeds it: latency, not throughput
+        rate = f["images_per_s"] / 2
+        lat = _steady(dataclasses.replace(c, db=f"sqlite:///{work / f'steady-{model}-{width}.db'}"), folder,
+                      files[: max(20, min(len(files), int(rate * 20)))], rate)
         r = CorpusResult(model=model, width=width, images=len(files), bare_1t=bare_1t, bare_best=best,
                          bare_best_at=f"{bt}t b{bb}", decode_ms=t_dec * 1e3, preprocess_ms=t_pre * 1e3,
                          postprocess_ms=t_post * 1e3, limit=limit, naive=naive, worker=f["images_per_s"],
                          worker_p50_ms=f["p50"], worker_p99_ms=f["p99"],
-                         worker_rss_peak_mb=st["memory"].get("rss_peak_mb", float("nan")))
+                         worker_rss_peak_mb=st["memory"].get("rss_peak_mb", float("nan")),
+                         steady_rate=rate, steady_first_ms=float(lat[0]), steady_p50_ms=float(np.percentile(lat, 50)),
+                         steady_p99_ms=float(np.percentile(lat, 99)))
         say(f"  {width} px: decode {r.decode_ms:.1f} ms, preprocess {r.preprocess_ms:.1f} ms, postprocess "
             f"{r.postprocess_ms:.1f} ms -> limit {limit:.1f} img/s | B naive {naive:.1f} | C worker run "
             f"{r.worker:.1f} img/s (C/limit {r.ratio_limit:.2f}, C/B {r.ratio_naive:.2f}), p50 {r.worker_p50_ms:.0f} "
-            f"ms p99 {r.worker_p99_ms:.0f} ms, peak RSS {r.worker_rss_peak_mb:.0f} MB")
+            f"ms p99 {r.worker_p99_ms:.0f} ms, peak RSS {r.worker_rss_peak_mb:.0f} MB | D steady {rate:.1f} img/s: "
+            f"first {r.steady_first_ms:.0f} ms, p50 {r.steady_p50_ms:.0f} ms, p99 {r.steady_p99_ms:.0f} ms "
+            f"(p99/p50 {r.steady_p99_ms / r.steady_p50_ms:.2f})")
         results.append(r)
     return results
+
+
+def _steady(cfg: Config, folder: Path, files: list[Path], rate: float) -> np.ndarray:
+    """Per-image latency (ms, in arrival order) with jobs submitted every 1/rate s to a warm pipeline."""
+    from worker.jobs import Job
+    from worker.service import open_pipeline
+
+    with open_pipeline(cfg, "bench", folder, replay=True) as pipeline:
+        t0 = time.perf_counter()
+        for i, path in enumerate(files):
+            delay = t0 + i / rate - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            pipeline.submit(Job.from_path(folder, path))
+        pipeline.drain()
+        return pipeline.counts.latencies_ms.first()
 
 
 def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], count: int,
@@ -185,12 +213,14 @@ def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], cou
             say(f"model {m}")
             results += bench_model(cfg, m, widths, count, Path(tmp), say)
     say("")
-    say("| model | corpus | bare 1 thread | limit | B naive | C worker run | C/limit | C/B | p50 ms | p99 ms | peak RSS MB |")
-    say("|---|---|---|---|---|---|---|---|---|---|---|")
+    say("| model | corpus | A bare 1 thread | A best | limit | B naive | C worker run | C/limit | C/B | "
+        "C peak RSS MB | D rate | D first ms | D p50 ms | D p99 ms |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        say(f"| {r.model} | {r.width} px | {r.bare_1t:.1f} | {r.limit:.1f} | {r.naive:.1f} | {r.worker:.1f} | "
-            f"{r.ratio_limit:.2f} | {r.ratio_naive:.2f} | {r.worker_p50_ms:.0f} | {r.worker_p99_ms:.0f} | "
-            f"{r.worker_rss_peak_mb:.0f} |")
+        say(f"| {r.model} | {r.width} px | {r.bare_1t:.1f} | {r.bare_best:.1f} ({r.bare_best_at}) | {r.limit:.1f} | "
+            f"{r.naive:.1f} | {r.worker:.1f} | {r.ratio_limit:.2f} | {r.ratio_naive:.2f} | "
+            f"{r.worker_rss_peak_mb:.0f} | {r.steady_rate:.1f} | {r.steady_first_ms:.0f} | {r.steady_p50_ms:.0f} | "
+            f"{r.steady_p99_ms:.0f} |")
     return results
 
 

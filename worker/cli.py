@@ -298,7 +298,7 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
 @cli.command()
 @click.option("--model", "models", multiple=True, help="Model card (repeatable; default: all three bundled cards).")
 @click.option("--width", "widths", type=int, multiple=True, help="Corpus image width in px (default: 640 and 1920).")
-@click.option("--images", "count", type=int, default=200, show_default=True, help="Images per corpus.")
+@click.option("--images", "count", type=int, default=300, show_default=True, help="Images per corpus.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Also write the figures as JSON here.")
 @click.pass_context
 def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], count: int,

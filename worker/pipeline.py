@@ -23,6 +23,7 @@ from typing import Any, Callable
 import numpy as np
 from sqlalchemy import Engine as DbEngine
 
+from worker.batcher import Batcher
 from worker.engine import Engine
 from worker.errors import ImageError, InputGone, WorkerError
 from worker.images import decode, decode_reduced
@@ -209,23 +210,12 @@ class Pipeline:
     def _infer_loop(self) -> None:
         s = self.settings
         buf = np.empty((s.max_batch, 3, *self._size_hw), dtype=np.float32)  # reused every batch
+        batcher: Batcher[_Item] = Batcher(self._prepared, s.max_batch, s.max_delay_ms / 1000, _STOP)
         stopping = False
         while not stopping:
-            first = self._prepared.get()
-            if first is _STOP:
-                return
-            batch = [first]
-            deadline = time.perf_counter() + s.max_delay_ms / 1000
-            while len(batch) < s.max_batch:
-                try:
-                    nxt = self._prepared.get(timeout=max(deadline - time.perf_counter(), 0))
-                except queue.Empty:
-                    break
-                if nxt is _STOP:
-                    stopping = True
-                    break
-                batch.append(nxt)
-            self._infer(batch, buf)
+            batch, stopping = batcher.next_batch()
+            if batch:
+                self._infer(batch, buf)
 
     def _infer(self, batch: list[_Item], buf: np.ndarray) -> None:
         n = len(batch)
