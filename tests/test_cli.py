@@ -17,8 +17,8 @@ from click.testing import CliRunner
 from tests.conftest import CACHE, ROOT, wait_for
 from worker.cli import cli
 
-COMMANDS = ["demo", "watch", "run", "query", "stats", "export coco", "models list", "models pull", "db upgrade",
-            "db downgrade"]
+COMMANDS = ["demo", "watch", "run", "query", "stats", "soak", "bench", "export coco", "models list", "models pull",
+            "db upgrade", "db downgrade"]
 
 
 def _leaf_commands(group=cli, prefix=""):
