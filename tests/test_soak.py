@@ -38,8 +38,8 @@ def setup(tmp_path: Path, samples: Path, effnet_onnx: Path) -> tuple[Path, Path,
     for name in ("coffee.png", "chelsea.png", "astronaut.png", "rocket.jpg"):
         shutil.copy(samples / name, folder / name)
     conf = tmp_path / "config.yaml"
-    # a 30 s soak cannot resolve 2 MB/h (RSS moves by a few MB); 1000 MB/h separates "flat" (about 300 here)
-    # from the planted leak (16 KB x tens of images/s, about 3200 MB/h here)
+    # a 30 s soak cannot resolve 2 MB/h (RSS moves by a few MB); 1000 MB/h separates "flat" (145-310 here)
+    # from the planted leak (16 KB x tens of images/s, 3200-3700 MB/h here)
     conf.write_text(f"outbox: out\ndb: sqlite:///w.db\nmodel: efficientnet-lite0\nmodels_dir: {ROOT / 'models'}\n"
                     f"cache_dir: {CACHE}\nmetrics: {{memory_sample_s: 0.25}}\n"
                     "soak: {max_rss_slope_mb_per_h: 1000.0}\n")

@@ -97,9 +97,13 @@ class Pipeline:
         self.recorder, self.outbox, self.db, self.settings = recorder, outbox, db, settings
         self.on_finished = on_finished
         self.counts = Counts()
+        # jobs are only paths: a deep queue is cheap. Prepared tensors and raw outputs are megabytes
+        # each (4.9 MB per image at 640x640), so those queues hold just enough to keep every
+        # inference thread busy: more only adds memory and latency, not throughput.
+        in_flight = 2 * settings.max_batch * settings.infer_workers
         self._jobs: queue.Queue[Any] = queue.Queue(settings.queue_size)
-        self._prepared: queue.Queue[Any] = queue.Queue(settings.queue_size)
-        self._inferred: queue.Queue[Any] = queue.Queue(settings.queue_size)
+        self._prepared: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
+        self._inferred: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._pending = 0
         self._idle = threading.Condition()
         self._lock = threading.Lock()
