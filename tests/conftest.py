@@ -96,3 +96,17 @@ def wait_for(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
             return True
         time.sleep(interval)
     return predicate()
+
+
+def image_rows(cfg: Config) -> dict:
+    """rel_path -> the images row, read straight from the test's database."""
+    from sqlalchemy import select
+
+    from worker.store.db import open_db
+    from worker.store.schema import ImageRow
+
+    db = open_db(cfg.db)
+    with db.connect() as c:
+        rows = {r.rel_path: r for r in c.execute(select(ImageRow))}
+    db.dispose()
+    return rows

@@ -11,22 +11,13 @@ from pathlib import Path
 
 import cv2
 import pytest
-from sqlalchemy import select
 
 from tests import hostile
-from tests.conftest import wait_for
+from tests.conftest import image_rows, wait_for
 from worker.jobs import Job
 from worker.service import open_pipeline, run_folder, watch
-from worker.store.db import open_db
-from worker.store.schema import ImageRow
 
 
-def _rows(cfg) -> dict[str, ImageRow]:
-    db = open_db(cfg.db)
-    with db.connect() as c:
-        rows = {r.rel_path: r for r in c.execute(select(ImageRow))}
-    db.dispose()
-    return rows
 
 
 def _check(rows: dict, expected: dict) -> None:
@@ -46,7 +37,7 @@ def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
     expected = hostile.build(tmp_path / "in", samples)
     summary = run_folder(effcfg, tmp_path / "in")
     assert summary.figures["images"] == len(expected)
-    rows = _rows(effcfg)
+    rows = image_rows(effcfg)
     _check(rows, expected)
     assert rows["dup_one.png"].sha256 == rows["dup_two.png"].sha256
     doc = json.loads((effcfg.outbox / "exif_rotated.jpg.json").read_text())
@@ -60,7 +51,7 @@ def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
 def test_hostile_corpus_watch(effcfg, samples: Path) -> None:
     expected = hostile.build(effcfg.inbox, samples)
     watch(effcfg, threading.Event(), burst=True)
-    _check(_rows(effcfg), expected)
+    _check(image_rows(effcfg), expected)
     for rel, (status, _) in expected.items():
         target = effcfg.archive / ("done" if status == "done" else "failed") / rel
         assert target.exists() or target.is_symlink(), rel
@@ -80,7 +71,7 @@ def test_file_deleted_or_replaced_while_queued(effcfg, tmp_path: Path, samples: 
         for job in jobs:
             pipeline.submit(job)
         pipeline.drain()
-    rows = _rows(effcfg)
+    rows = image_rows(effcfg)
     assert rows["gone.png"].status == "failed" and "disappeared" in rows["gone.png"].error
     assert rows["replaced.png"].status == "done"
     from worker.models.fetch import sha256_file
@@ -111,7 +102,7 @@ def test_burst_of_2000_files_into_a_watched_inbox(effcfg, samples: Path) -> None
     finally:
         stop.set()
         t.join(60)
-    rows = _rows(cfg)
+    rows = image_rows(cfg)
     assert len(rows) == n and all(r.status == "done" and r.attempts == 1 for r in rows.values())
     assert len(done) == n and len(set(done)) == n, "each file processed exactly once"
     assert len([p for p in (cfg.archive / "done").rglob("*.png")]) == n

@@ -11,14 +11,11 @@ import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select
 
-from tests.conftest import wait_for
+from tests.conftest import image_rows, wait_for
 from worker.intake.scan import is_candidate
 from worker.jobs import Job, JobStatus
 from worker.service import watch
-from worker.store.db import open_db
-from worker.store.schema import ImageRow
 
 
 class Watching:
@@ -47,12 +44,6 @@ class Watching:
         assert self.error is None, self.error
 
 
-def _rows(cfg) -> dict[str, ImageRow]:
-    db = open_db(cfg.db)
-    with db.connect() as c:
-        rows = {r.rel_path: r for r in c.execute(select(ImageRow))}
-    db.dispose()
-    return rows
 
 
 @pytest.mark.parametrize("observer", ["native", "polling"])
@@ -84,7 +75,7 @@ def test_watch_picks_up_each_file_once(cfg, samples: Path, observer: str) -> Non
     rels = sorted(r for r, _ in w.finished)
     assert rels == ["before-start.png", "slow.png", "sub/deep/renamed.jpg"], rels
     assert all(s is JobStatus.DONE for _, s in w.finished)
-    rows = _rows(cfg)
+    rows = image_rows(cfg)
     assert set(rows) == set(rels) and all(r.status == "done" and r.attempts == 1 for r in rows.values())
     assert rows["slow.png"].size == len(data)  # processed complete, not half-written
     for rel in rels:
@@ -102,7 +93,7 @@ def test_watch_moves_bad_files_to_failed_and_keeps_going(cfg, samples: Path) -> 
     assert (summary.figures["done"], summary.figures["failed"]) == (1, 2)
     assert (cfg.archive / "failed" / "empty.jpg").exists() and (cfg.archive / "failed" / "random.jpg").exists()
     assert (cfg.archive / "done" / "chelsea.png").exists()
-    rows = _rows(cfg)
+    rows = image_rows(cfg)
     assert rows["empty.jpg"].error == "empty file"
     assert rows["random.jpg"].status == "failed" and rows["random.jpg"].error
 

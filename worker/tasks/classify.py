@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.models.card import ModelCard
 from worker.results import Classification
-from worker.tasks.preprocess import Geometry, prepare
+from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -15,14 +14,7 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return z / z.sum()
 
 
-class Classifier:
-    def __init__(self, card: ModelCard) -> None:
-        self.card = card
-        self.size = (card.input.size[0], card.input.size[1])
-
-    def preprocess(self, image: np.ndarray) -> tuple[np.ndarray, Geometry]:
-        return prepare(image, self.card.preprocess, self.size)
-
+class Classifier(CardPreprocessing):
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Classification:
         """output: (C,) logits for one image."""
         probs = softmax(output)

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.models.card import ModelCard
 from worker.results import Detections
-from worker.tasks.preprocess import Geometry, prepare
+from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
 def decode_rows(output: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -55,14 +54,7 @@ def classwise_nms(xyxy: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, i
     return kept[np.argsort(-scores[kept], kind="stable")]
 
 
-class Detector:
-    def __init__(self, card: ModelCard) -> None:
-        self.card = card
-        self.size = (card.input.size[0], card.input.size[1])
-
-    def preprocess(self, image: np.ndarray) -> tuple[np.ndarray, Geometry]:
-        return prepare(image, self.card.preprocess, self.size)
-
+class Detector(CardPreprocessing):
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
         p = self.card.postprocess
         xyxy, class_ids, scores = decode_rows(output, p.layout)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import cv2
 import numpy as np
 
-from worker.models.card import Preprocess
+from worker.models.card import ModelCard, Preprocess
 
 
 @dataclass(frozen=True)
@@ -69,3 +69,14 @@ def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tu
     inv_std = 1.0 / np.asarray(spec.std, dtype=np.float32)
     x = (resized.astype(np.float32) - mean) * inv_std
     return np.ascontiguousarray(x.transpose(2, 0, 1)), geo
+
+
+class CardPreprocessing:
+    """The preprocessing half every task shares: the card's resize, colour order and normalisation."""
+
+    def __init__(self, card: ModelCard) -> None:
+        self.card = card
+        self.size = (card.input.size[0], card.input.size[1])
+
+    def preprocess(self, image: np.ndarray) -> tuple[np.ndarray, Geometry]:
+        return prepare(image, self.card.preprocess, self.size)

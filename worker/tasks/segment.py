@@ -5,19 +5,11 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from worker.models.card import ModelCard
 from worker.results import Mask
-from worker.tasks.preprocess import Geometry, prepare
+from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
-class Segmenter:
-    def __init__(self, card: ModelCard) -> None:
-        self.card = card
-        self.size = (card.input.size[0], card.input.size[1])
-
-    def preprocess(self, image: np.ndarray) -> tuple[np.ndarray, Geometry]:
-        return prepare(image, self.card.preprocess, self.size)
-
+class Segmenter(CardPreprocessing):
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Mask:
         """output: (1, h, w) or (h, w) probabilities for one image."""
         prob = output.reshape(output.shape[-2:])
