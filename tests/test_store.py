@@ -121,3 +121,31 @@ def test_readers_never_see_database_locked_while_the_worker_writes(cfg, tmp_path
             t.join()
     assert not errors, errors
     assert summary.figures["done"] == 30 and reads[0] > 10
+
+
+def test_recorder_same_image_twice_in_one_batch(tmp_path: Path) -> None:
+    """A replayed image (soak) or a file dropped again can finish twice before one commit."""
+    from sqlalchemy import func, select
+
+    from worker.jobs import JobStatus
+    from worker.store.recorder import Claimed, Finished, Recorder, RunInfo
+    from worker.store.schema import ImageRow, LabelRow, ResultRow, TimingRow
+
+    db = open_db(f"sqlite:///{tmp_path / 'r.db'}")
+    rec = Recorder(db, RunInfo("soak", "/x", "m", "", "cpu", {}))
+    timings = dict(queue_wait_ms=1, decode_ms=1, preprocess_ms=1, infer_ms=1, postprocess_ms=1, write_ms=1,
+                   total_ms=1, batch_size=1)
+
+    def done(score: float) -> Finished:
+        return Finished("a.png", "s" * 64, 10, JobStatus.DONE, task="classify", score=score, payload={},
+                        labels=((1, "cat", score),), timings=timings)
+
+    rec._write([Claimed("a.png", "s" * 64, 10), done(0.1), Claimed("a.png", "s" * 64, 10), done(0.2)])
+    rec._write([Claimed("a.png", "s" * 64, 10), done(0.3)])
+    rec.close()
+    with db.connect() as c:
+        assert c.scalar(select(ImageRow.attempts)) == 3
+        assert [r.score for r in c.execute(select(ResultRow.score))] == [0.3]
+        assert c.scalar(select(func.count()).select_from(LabelRow)) == 1
+        assert c.scalar(select(func.count()).select_from(TimingRow)) == 1
+    db.dispose()

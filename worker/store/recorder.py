@@ -100,7 +100,8 @@ class Recorder:
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
         self._statements()
-        self._queue: queue.Queue[Any] = queue.Queue()
+        # bounded like every queue: if the database stalls, the stages wait instead of piling up events
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=10_000)
         self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
         self._thread.start()
 
@@ -164,15 +165,16 @@ class Recorder:
         # a claim whose finish is in the same batch is written once, with the finish: half the
         # statements under load, and the same ledger after a crash (neither or both are committed)
         finishing = {(e.rel, e.sha256) for e in batch if isinstance(e, Finished)}
-        rows: dict[Any, list[dict[str, Any]]] = {RESULTS: [], LABELS: [], TIMINGS: [], SAMPLES: []}
-        finished: list[dict[str, Any]] = []
-        stale: list[int] = []
+        samples: list[dict[str, Any]] = []
+        finished: dict[int, dict[str, Any]] = {}  # image id -> its last outcome in this batch
+        per_image: dict[int, dict[Any, list[dict[str, Any]]]] = {}  # image id -> its result rows
+        stale: set[int] = set()
         with self.engine.begin() as conn:
             for e in batch:
                 if isinstance(e, Sample):
-                    rows[SAMPLES].append(dict(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds,
-                                              threads=e.threads, queue_depth=e.queue_depth,
-                                              images_done=e.images_done, gpu_bytes=e.gpu_bytes))
+                    samples.append(dict(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds,
+                                        threads=e.threads, queue_depth=e.queue_depth, images_done=e.images_done,
+                                        gpu_bytes=e.gpu_bytes))
                 elif isinstance(e, Claimed):
                     key = (e.rel, e.sha256)
                     self._claimed[key] = None if key in finishing else self._claim(conn, e.rel, e.sha256, e.size, 1, now)
@@ -182,9 +184,11 @@ class Recorder:
                     if claimed is None or claimed == "unclaimed":  # claimed in this batch, or never claimed
                         claimed = self._claim(conn, e.rel, e.sha256, e.size, 1 if claimed is None else 0, now)
                     image_id, fresh = claimed  # type: ignore[misc]
-                    finished.append(dict(image_id=image_id, status=e.status.value, error=e.error, now=now))
+                    finished[image_id] = dict(image_id=image_id, status=e.status.value, error=e.error, now=now)
                     if not fresh:  # a retried image replaces its earlier rows: never two results
-                        stale.append(image_id)
+                        stale.add(image_id)
+                    # the same image twice in one batch (replays, a file dropped again): the last one wins
+                    rows = per_image[image_id] = {RESULTS: [], LABELS: [], TIMINGS: []}
                     if e.status is JobStatus.DONE and e.task is not None:
                         rows[RESULTS].append(dict(image_id=image_id, task=e.task, score=e.score,
                                                   payload=e.payload or {}, json_path=e.json_path,
@@ -193,13 +197,16 @@ class Recorder:
                     if e.timings is not None:
                         rows[TIMINGS].append(dict(image_id=image_id, run_id=self.run_id, **e.timings))
             if finished:
-                conn.execute(self._finish, finished)
+                conn.execute(self._finish, list(finished.values()))
             if stale:
                 for table in (RESULTS, LABELS, TIMINGS):
-                    conn.execute(delete(table).where(table.c.image_id.in_(stale)))
-            for table, values in rows.items():
+                    conn.execute(delete(table).where(table.c.image_id.in_(sorted(stale))))
+            for table in (RESULTS, LABELS, TIMINGS):
+                values = [r for rows in per_image.values() for r in rows[table]]
                 if values:
                     conn.execute(insert(table), values)
+            if samples:
+                conn.execute(insert(SAMPLES), samples)
 
     def _claim(self, conn: Connection, rel: str, sha256: str, size: int, inc: int, now: datetime) -> tuple[int, bool]:
         """Upsert the image row as processing, attempts + inc. Returns (id, fresh): fresh means first
