@@ -138,3 +138,31 @@ def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path,
             proc.kill()
     assert proc.returncode == 0, err
     assert "done 1, failed 0" in out and (tmp_path / "outbox" / "coffee.png.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, samples: Path,
+                                                            ppocr_onnx: Path) -> None:
+    conf = _config(tmp_path)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for i in range(40):  # PP-OCR at 640x640: several seconds of work
+        shutil.copy(samples / "page.png", folder / f"p{i}.png")
+        with open(folder / f"p{i}.png", "ab") as f:
+            f.write(bytes([i]))  # distinct content
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: list((tmp_path / "outbox").glob("*.json")), 60)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)  # two signals sent back to back would merge into one
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=10)  # at once, not after draining the queue
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGINT
+    out = CliRunner().invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"])
+    assert out.exit_code == 0, out.output
+    rows = json.loads(CliRunner().invoke(cli, ["--config", str(conf), "query", "--format", "json"]).output)
+    assert len(rows) == 40 and all(r["status"] == "done" for r in rows)
