@@ -117,7 +117,6 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         for batch in ((1, 2, 4, 8) if card.input.dynamic_batch else (1,)):
             s.run(None, {iname: x1[:batch]})
             bare[(threads, batch)] = _best_rate(lambda b=batch: (s.run(None, {iname: x1[:b]}), b)[1])
-        del s
     bare_1t = bare[(1, 1)]
     (bt, bb), best = max(bare.items(), key=lambda kv: kv[1])
     say(f"  A bare session.run: 1 thread batch 1 {bare_1t:.1f} img/s; best {best:.1f} img/s "

@@ -25,10 +25,10 @@ from worker.results import Detections, Mask, Result
 TMP_PREFIX = ".tmp-"
 
 
-def inside(root: Path, rel: str) -> Path:
+def inside(root: Path, rel: str, resolved_root: Path | None = None) -> Path:
     """root/rel, refusing anything that would land outside root ('..', absolute paths)."""
     target = (root / rel).resolve()
-    if not target.is_relative_to(root.resolve()) or Path(rel).is_absolute():
+    if not target.is_relative_to(resolved_root or root.resolve()) or Path(rel).is_absolute():
         raise WorkerError(f"refusing path outside {root}: {rel!r}")
     return target
 
@@ -56,6 +56,10 @@ class Outbox:
         self.write_yolo_txt = write_yolo_txt
         self.write_overlays = write_overlays
         root.mkdir(parents=True, exist_ok=True)
+        self._resolved = root.resolve()  # once, not per output file (hot path)
+
+    def _inside(self, rel: str) -> Path:
+        return inside(self.root, rel, self._resolved)
 
     def write(self, rel: str, result: Result, document: dict[str, Any],
               image: np.ndarray | None = None) -> tuple[str | None, str | None]:
@@ -63,23 +67,23 @@ class Outbox:
 
         `image` (uint8 BGR) is needed only for overlays."""
         if isinstance(result, Detections) and self.write_yolo_txt:
-            write_atomic(inside(self.root, rel + ".txt"), yolo_txt(result).encode())
+            write_atomic(self._inside(rel + ".txt"), yolo_txt(result).encode())
         if self.write_overlays and image is not None:
             ok, jpg = cv2.imencode(".jpg", overlay(image, result), [cv2.IMWRITE_JPEG_QUALITY, 90])
             if ok:
-                write_atomic(inside(self.root, rel + ".overlay.jpg"), jpg.tobytes())
+                write_atomic(self._inside(rel + ".overlay.jpg"), jpg.tobytes())
         mask_rel = None
         if isinstance(result, Mask) and self.write_masks:
             mask_rel = rel + ".mask.png"
             ok, png = cv2.imencode(".png", result.mask.astype(np.uint8) * 255)
             if not ok:
                 raise WorkerError(f"{rel}: PNG encoding of the mask failed")
-            write_atomic(inside(self.root, mask_rel), png.tobytes())
+            write_atomic(self._inside(mask_rel), png.tobytes())
             document = {**document, "mask_path": mask_rel}
         json_rel = None
         if self.write_json:
             json_rel = rel + ".json"
-            write_atomic(inside(self.root, json_rel), json.dumps(document, ensure_ascii=False).encode())
+            write_atomic(self._inside(json_rel), json.dumps(document, ensure_ascii=False).encode())
         return json_rel, mask_rel
 
 
