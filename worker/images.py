@@ -9,6 +9,7 @@ header, before the pixels are decoded, so a decompression bomb costs nothing.
 from __future__ import annotations
 
 import io
+import struct
 import warnings
 from typing import Callable
 
@@ -22,8 +23,41 @@ Image.MAX_IMAGE_PIXELS = None  # we apply our own, configurable limit below
 cv2.setNumThreads(1)  # decode threads are ours; OpenCV's own pool would oversubscribe the cores
 
 
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+_SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's start-of-frame segment, or None when it cannot be found."""
+    i, n = 2, len(data)
+    while i + 9 < n:
+        if data[i] != 0xFF:
+            return None
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in _SOF:
+            h, w = struct.unpack_from(">HH", data, i + 5)
+            return (w, h) if w and h else None
+        if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length field
+            i += 2
+            continue
+        i += 2 + struct.unpack_from(">H", data, i + 2)[0]
+    return None
+
+
 def header_size(data: bytes, name: str) -> tuple[int, int] | None:
-    """(width, height) from the file header, or None when Pillow does not know the format."""
+    """(width, height) from the file header, or None when Pillow does not know the format.
+
+    JPEG and PNG headers are read directly (this runs for every image; opening it with Pillow
+    costs more than the rest of the checks together); other formats, and anything odd, go to Pillow."""
+    if data[:2] == b"\xff\xd8" and (size := _jpeg_size(data)) is not None:
+        return size
+    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
+        w, h = struct.unpack_from(">II", data, 16)
+        if w and h:
+            return w, h
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

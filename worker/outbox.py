@@ -10,6 +10,7 @@ import errno
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,17 +26,23 @@ from worker.results import Detections, Mask, Result
 TMP_PREFIX = ".tmp-"
 
 
-def inside(root: Path, rel: str, resolved_root: Path | None = None) -> Path:
-    """root/rel, refusing anything that would land outside root ('..', absolute paths)."""
-    target = (root / rel).resolve()
-    if not target.is_relative_to(resolved_root or root.resolve()) or Path(rel).is_absolute():
+def inside(root: Path, rel: str) -> Path:
+    """root/rel, refusing anything that would land outside root ('..', absolute paths).
+
+    A lexical check (no filesystem calls; it runs for every output file): the outbox is ours, so a
+    symbolic link inside it is the administrator's choice, not an input's."""
+    norm = posixpath.normpath(rel)
+    if posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or norm == ".":
         raise WorkerError(f"refusing path outside {root}: {rel!r}")
-    return target
+    return root / norm
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
+    try:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
+    except FileNotFoundError:  # first file in this folder (a mkdir per file would cost a syscall each time)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -56,10 +63,9 @@ class Outbox:
         self.write_yolo_txt = write_yolo_txt
         self.write_overlays = write_overlays
         root.mkdir(parents=True, exist_ok=True)
-        self._resolved = root.resolve()  # once, not per output file (hot path)
 
     def _inside(self, rel: str) -> Path:
-        return inside(self.root, rel, self._resolved)
+        return inside(self.root, rel)
 
     def write(self, rel: str, result: Result, document: dict[str, Any],
               image: np.ndarray | None = None) -> tuple[str | None, str | None]:

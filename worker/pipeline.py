@@ -1,10 +1,12 @@
 """The stages, wired by bounded queues:
 
     submit(job) -> [jobs] -> prepare x N -> [prepared] -> batch + infer x M -> [inferred] -> finish x 1
+                                                                          (watch mode) -> [archive] -> archive x 1
 
 prepare: read, hash, skip/quarantine check, claim, decode, preprocess.
 infer:   micro-batch up to max_batch or max_delay_ms, one shared session.
-finish:  postprocess, outbox write, record, archive move (watch mode).
+finish:  postprocess, outbox write, hand the outcome to the recorder.
+archive: wait until the outcome is committed, then move the input out of the inbox (watch mode).
 A full queue makes the stage before it wait, never drop. Every per-image error becomes a failed
 result that flows on to the recorder. `close()` pushes sentinels through so jobs in flight finish.
 """
@@ -32,7 +34,7 @@ from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard
 from worker.outbox import Outbox, move_verified
 from worker.results import labels_of, top_score
-from worker.store.queries import lookup
+from worker.store.ledger import Ledger
 from worker.store.recorder import Claimed, Finished, Recorder
 from worker.tasks import TaskAdapter
 from worker.tasks.preprocess import Geometry, needed_size
@@ -83,6 +85,7 @@ class _Item:
     geometry: Geometry | None = None
     output: np.ndarray | None = None
     error: str | None = None
+    skipped: bool = False  # already done with the same content and model
     timings: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
 
@@ -104,6 +107,8 @@ class Pipeline:
         self._jobs: queue.Queue[Any] = queue.Queue(settings.queue_size)
         self._prepared: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._inferred: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
+        self._to_archive: queue.Queue[Any] = queue.Queue(settings.queue_size)
+        self._ledger = Ledger(db, card.name)
         self._pending = 0
         self._idle = threading.Condition()
         self._lock = threading.Lock()
@@ -114,6 +119,8 @@ class Pipeline:
             [self._thread(f"prepare-{i}", self._prepare_loop) for i in range(settings.decode_workers)],
             [self._thread(f"infer-{i}", self._infer_loop) for i in range(settings.infer_workers)],
             [self._thread("finish", self._finish_loop)],
+            # moving inputs waits for the database commit: on its own thread, so finish never waits
+            [self._thread("archive", self._archive_loop)] if settings.archive is not None else [],
         ]
         self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
                                       lambda: (self.depth(), self.counts.processed))
@@ -145,13 +152,14 @@ class Pipeline:
 
     def close(self) -> None:
         """Finish the jobs in flight, then stop every thread (sentinels flow stage by stage)."""
-        queues = [self._jobs, self._prepared, self._inferred]
+        queues = [self._jobs, self._prepared, self._inferred, self._to_archive]
         for q, threads in zip(queues, self._stages):
             for _ in threads:
                 q.put(_STOP)
             for t in threads:
                 t.join()
         self._sampler.stop()
+        self._ledger.close()
 
     def __enter__(self) -> "Pipeline":
         return self
@@ -188,14 +196,16 @@ class Pipeline:
         except (PermissionError, IsADirectoryError, OSError) as e:
             raise InputGone(job.rel, f"cannot read file: {e.strerror or e}") from None
         item.sha256, item.size = hashlib.sha256(data).hexdigest(), len(data)
-        known = None if self.settings.replay else lookup(self.db, job.rel, item.sha256, self.card.name)
+        known = None if self.settings.replay else self._ledger.check(job.rel, item.sha256)
         if known is not None and known.status == JobStatus.DONE.value:
-            item.error = _SKIP
+            item.skipped = True
             return
         if known is not None and known.attempts >= self.settings.max_attempts:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
-        self.recorder.put(Claimed(job.rel, item.sha256, item.size))
+        committed = threading.Event()
+        self.recorder.put(Claimed(job.rel, item.sha256, item.size, committed))
+        committed.wait()  # the attempt is on record before decoding: a crash in the decoder counts
         if self.settings.jpeg_reduce and not self.settings.keep_image:
             image, orig_hw = decode_reduced(data, job.rel, self.settings.max_pixels, self._needed)
         else:
@@ -242,26 +252,32 @@ class Pipeline:
         for item in batch:
             self._inferred.put(item)
 
-    # -- stage 3: postprocess, write, record, archive ---------------------------------------
+    # -- stage 3: postprocess, write, record ------------------------------------------------
     def _finish_loop(self) -> None:
         while (item := self._inferred.get()) is not _STOP:
             try:
-                status = self._finish(item)
+                status, committed = self._finish(item)
             except Exception:
                 log.exception("finish %s", item.job.rel)
-                status = JobStatus.FAILED
-            with self._idle:
-                self._pending -= 1
-                self._idle.notify_all()
-            if self.on_finished is not None:
-                self.on_finished(item.job, status)
+                status, committed = JobStatus.FAILED, None
+            if self.settings.archive is None:
+                self._done(item.job, status)
+            else:
+                self._to_archive.put((item.job, status, committed))
 
-    def _finish(self, item: _Item) -> JobStatus:
+    def _done(self, job: Job, status: JobStatus) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+        if self.on_finished is not None:
+            self.on_finished(job, status)
+
+    def _finish(self, item: _Item) -> tuple[JobStatus, threading.Event | None]:
+        """Returns the outcome and, in watch mode, the event set once the recorder has committed it."""
         job = item.job
-        if item.error is _SKIP:
+        if item.skipped:
             self.counts.skipped += 1
-            self._archive(job, JobStatus.DONE, None)
-            return JobStatus.DONE
+            return JobStatus.DONE, None
         event: Finished
         t0 = time.perf_counter()
         if item.error is None and item.output is not None and item.geometry is not None:
@@ -281,8 +297,7 @@ class Pipeline:
             self.counts.latencies_ms.add(event.timings["total_ms"] if event.timings else 0.0)
         else:
             self.counts.failed += 1
-        self._archive(job, status, event.committed)
-        return status
+        return status, event.committed
 
     def _succeed(self, item: _Item, t0: float) -> Finished:
         job = item.job
@@ -313,21 +328,27 @@ class Pipeline:
     def _committed(self) -> threading.Event | None:
         return threading.Event() if self.settings.archive is not None else None
 
-    def _archive(self, job: Job, status: JobStatus, committed: threading.Event | None) -> None:
-        """Watch mode: move the input out of the inbox, only once its row is durable."""
-        if self.settings.archive is None:
+    # -- stage 4 (watch mode): move inputs out of the inbox ------------------------------------
+    def _archive_loop(self) -> None:
+        while (entry := self._to_archive.get()) is not _STOP:
+            job, status, committed = entry
+            if committed is not None:
+                committed.wait()  # only once its row is durable: a crash before never loses the image
+            try:
+                self._archive(job, status)
+            except Exception:  # never let one input stop the stage: it stays in the inbox, logged
+                log.exception("archive %s", job.rel)
+            self._done(job, status)
+
+    def _archive(self, job: Job, status: JobStatus) -> None:
+        if (root := self.settings.archive) is None:
             return
-        if committed is not None:
-            committed.wait()
         folder = "done" if status is JobStatus.DONE else "failed"
         try:
             if job.path.is_symlink() or job.path.exists():
-                move_verified(job.path, self.settings.archive / folder / job.rel)
+                move_verified(job.path, root / folder / job.rel)
         except (OSError, WorkerError) as e:
             log.error("cannot archive %s: %s", job.rel, e)
-
-
-_SKIP = "already done with the same content and model"
 
 
 def summarize(counts: Counts, seconds: float) -> dict[str, Any]:

@@ -1,4 +1,6 @@
-"""What `query`, `stats` and the skip check read. Bound parameters only, portable SQL only."""
+"""What `query` and `stats` read. Bound parameters only, portable SQL only.
+
+The per-image skip check is in ledger.py."""
 
 from __future__ import annotations
 
@@ -6,28 +8,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, bindparam, func, select
+from sqlalchemy import Engine, and_, func, select
 
 from worker.metrics import percentiles, slope_per_hour
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
-
-
-@dataclass(frozen=True)
-class Known:
-    status: str
-    attempts: int
-    error: str | None
-
-
-_LOOKUP = select(ImageRow.status, ImageRow.attempts, ImageRow.error).where(
-    ImageRow.rel_path == bindparam("rel"), ImageRow.sha256 == bindparam("sha"), ImageRow.model == bindparam("model"))
-
-
-def lookup(db: Engine, rel: str, sha256: str, model: str) -> Known | None:
-    """The ledger's word on one (path, content, model). Called per image: the statement is built once."""
-    with db.connect() as c:
-        row = c.execute(_LOOKUP, {"rel": rel, "sha": sha256, "model": model}).first()
-    return Known(row.status, row.attempts, row.error) if row else None
 
 
 def glob_to_like(pattern: str) -> str:

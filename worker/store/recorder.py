@@ -11,11 +11,12 @@ import os
 import queue
 import socket
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Union
 
-from sqlalchemy import Connection, Engine, bindparam, case, delete, insert, update
+from sqlalchemy import Connection, Engine, bindparam, case, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -28,6 +29,11 @@ TIMINGS, SAMPLES = TimingRow.__table__, MemorySample.__table__
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256  # events per transaction
+# a transaction costs about 1 ms of Python whatever its size: under load, gather events this long
+# before writing, so the recorder does not commit for every event (rows lag by at most this).
+# A claim someone waits for is written as soon as the queue is empty.
+GROUP_S = 0.05
+_UNCLAIMED: Any = object()
 
 
 @dataclass(frozen=True)
@@ -42,11 +48,15 @@ class RunInfo:
 
 @dataclass(frozen=True, eq=False)
 class Claimed:
-    """An image is about to be processed: status processing, attempts + 1."""
+    """An image is about to be processed: status processing, attempts + 1.
+
+    Written without waiting for more events (see GROUP_S); the decode stage waits for `committed`,
+    so an image that kills the worker while it is decoded has its attempt on record."""
 
     rel: str
     sha256: str
     size: int
+    committed: threading.Event | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,6 +110,7 @@ class Recorder:
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
         self._statements()
+        self._conn = engine.connect()  # held by the recorder thread: a pool checkout per transaction costs more
         # bounded like every queue: if the database stalls, the stages wait instead of piling up events
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=10_000)
         self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
@@ -115,6 +126,7 @@ class Recorder:
         """Write everything queued, stamp the run's end, stop the thread."""
         self._queue.put(_STOP)
         self._thread.join()
+        self._conn.close()
         with Session(self.engine) as s, s.begin():
             s.execute(update(Run).where(Run.id == self.run_id).values(finished_at=utcnow()))
 
@@ -122,11 +134,15 @@ class Recorder:
         stop = False
         while not stop:
             batch = [self._queue.get()]
-            while len(batch) < MAX_BATCH:
+            deadline = time.monotonic() + GROUP_S
+            urgent = _awaited_claim(batch[0])
+            while len(batch) < MAX_BATCH and batch[-1] is not _STOP:
                 try:
-                    batch.append(self._queue.get_nowait())
+                    wait = 0.0 if urgent else deadline - time.monotonic()
+                    batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
                 except queue.Empty:
                     break
+                urgent = urgent or _awaited_claim(batch[-1])
             if batch[-1] is _STOP or _STOP in batch:
                 stop = True
                 batch = [e for e in batch if e is not _STOP]
@@ -134,14 +150,23 @@ class Recorder:
                 self._write(batch)
             except Exception:  # one bad batch must not stop the recorder: retry events one by one
                 log.exception("recorder: batch of %d failed, retrying one by one", len(batch))
+                self._reconnect()
                 for e in batch:
                     try:
                         self._write([e])
                     except Exception:
                         log.exception("recorder: dropped event %r", e)
             for e in batch:
-                if isinstance(e, Finished) and e.committed is not None:
+                if not isinstance(e, Sample) and e.committed is not None:
                     e.committed.set()
+
+    def _reconnect(self) -> None:
+        """After a failed transaction: a fresh connection, in case the old one is broken (server restart)."""
+        try:
+            self._conn.close()
+        except Exception:
+            pass
+        self._conn = self.engine.connect()
 
     def _statements(self) -> None:
         """Built once with bind parameters: building SQLAlchemy statements per image costs more than running them."""
@@ -154,7 +179,9 @@ class Recorder:
             index_elements=[IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.model],
             set_=dict(run_id=ins.excluded.run_id, status=ins.excluded.status, error=None,
                       updated_at=ins.excluded.updated_at, attempts=IMAGES.c.attempts + ins.excluded.attempts),
-        ).returning(IMAGES.c.id, IMAGES.c.created_at)
+        )
+        self._ids = select(IMAGES.c.id, IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.created_at).where(
+            IMAGES.c.model == bindparam("model"), IMAGES.c.rel_path.in_(bindparam("rels", expanding=True)))
         self._finish = update(IMAGES).where(IMAGES.c.id == bindparam("image_id")).values(
             status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"),
             attempts=case((IMAGES.c.attempts == 0, 1), else_=IMAGES.c.attempts))
@@ -162,40 +189,46 @@ class Recorder:
     def _write(self, batch: list[Event]) -> None:
         """One transaction per batch; prepared statements and executemany, since this runs for every image."""
         now = utcnow()
-        # a claim whose finish is in the same batch is written once, with the finish: half the
-        # statements under load, and the same ledger after a crash (neither or both are committed)
-        finishing = {(e.rel, e.sha256) for e in batch if isinstance(e, Finished)}
+        claims: list[dict[str, Any]] = []  # upserts, in event order (the same image may come twice)
+        finishes: list[tuple[Finished, tuple[int, bool] | None]] = []  # None: its id comes from this batch
         samples: list[dict[str, Any]] = []
-        finished: dict[int, dict[str, Any]] = {}  # image id -> its last outcome in this batch
-        per_image: dict[int, dict[Any, list[dict[str, Any]]]] = {}  # image id -> its result rows
-        stale: set[int] = set()
-        with self.engine.begin() as conn:
-            for e in batch:
-                if isinstance(e, Sample):
-                    samples.append(dict(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds,
-                                        threads=e.threads, queue_depth=e.queue_depth, images_done=e.images_done,
-                                        gpu_bytes=e.gpu_bytes))
-                elif isinstance(e, Claimed):
-                    key = (e.rel, e.sha256)
-                    self._claimed[key] = None if key in finishing else self._claim(conn, e.rel, e.sha256, e.size, 1, now)
-                else:
-                    key = (e.rel, e.sha256)
-                    claimed = self._claimed.pop(key, "unclaimed")
-                    if claimed is None or claimed == "unclaimed":  # claimed in this batch, or never claimed
-                        claimed = self._claim(conn, e.rel, e.sha256, e.size, 1 if claimed is None else 0, now)
-                    image_id, fresh = claimed  # type: ignore[misc]
-                    finished[image_id] = dict(image_id=image_id, status=e.status.value, error=e.error, now=now)
-                    if not fresh:  # a retried image replaces its earlier rows: never two results
-                        stale.add(image_id)
-                    # the same image twice in one batch (replays, a file dropped again): the last one wins
-                    rows = per_image[image_id] = {RESULTS: [], LABELS: [], TIMINGS: []}
-                    if e.status is JobStatus.DONE and e.task is not None:
-                        rows[RESULTS].append(dict(image_id=image_id, task=e.task, score=e.score,
-                                                  payload=e.payload or {}, json_path=e.json_path,
-                                                  mask_path=e.mask_path))
-                        rows[LABELS] += [dict(image_id=image_id, class_id=c, name=n, score=sc) for c, n, sc in e.labels]
-                    if e.timings is not None:
-                        rows[TIMINGS].append(dict(image_id=image_id, run_id=self.run_id, **e.timings))
+        claimed_now: list[tuple[str, str]] = []
+        for e in batch:
+            if isinstance(e, Sample):
+                samples.append(dict(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds, threads=e.threads,
+                                    queue_depth=e.queue_depth, images_done=e.images_done, gpu_bytes=e.gpu_bytes))
+            elif isinstance(e, Claimed):
+                self._claimed[(e.rel, e.sha256)] = None  # its id is filled in below
+                claimed_now.append((e.rel, e.sha256))
+                claims.append(self._claim_params(e.rel, e.sha256, e.size, 1, now))
+            else:
+                known = self._claimed.pop((e.rel, e.sha256), _UNCLAIMED)
+                if known is _UNCLAIMED:  # failed before its claim (unreadable file, quarantined): a row all the same
+                    claims.append(self._claim_params(e.rel, e.sha256, e.size, 0, now))
+                    known = None
+                finishes.append((e, known))
+        conn = self._conn
+        with conn.begin():
+            ids = self._claim_all(conn, claims, now)
+            for key in claimed_now:
+                if key in self._claimed:  # not finished in this batch
+                    self._claimed[key] = ids[key]
+            finished: dict[int, dict[str, Any]] = {}  # image id -> its last outcome in this batch
+            per_image: dict[int, dict[Any, list[dict[str, Any]]]] = {}  # image id -> its result rows
+            stale: set[int] = set()
+            for e, known in finishes:
+                image_id, fresh = known or ids[(e.rel, e.sha256)]
+                finished[image_id] = dict(image_id=image_id, status=e.status.value, error=e.error, now=now)
+                if not fresh:  # a retried image replaces its earlier rows: never two results
+                    stale.add(image_id)
+                # the same image twice in one batch (replays, a file dropped again): the last one wins
+                rows = per_image[image_id] = {RESULTS: [], LABELS: [], TIMINGS: []}
+                if e.status is JobStatus.DONE and e.task is not None:
+                    rows[RESULTS].append(dict(image_id=image_id, task=e.task, score=e.score, payload=e.payload or {},
+                                              json_path=e.json_path, mask_path=e.mask_path))
+                    rows[LABELS] += [dict(image_id=image_id, class_id=c, name=n, score=sc) for c, n, sc in e.labels]
+                if e.timings is not None:
+                    rows[TIMINGS].append(dict(image_id=image_id, run_id=self.run_id, **e.timings))
             if finished:
                 conn.execute(self._finish, list(finished.values()))
             if stale:
@@ -208,10 +241,22 @@ class Recorder:
             if samples:
                 conn.execute(insert(SAMPLES), samples)
 
-    def _claim(self, conn: Connection, rel: str, sha256: str, size: int, inc: int, now: datetime) -> tuple[int, bool]:
-        """Upsert the image row as processing, attempts + inc. Returns (id, fresh): fresh means first
-        seen now, so it has no earlier result rows to replace."""
-        image_id, created_at = conn.execute(self._upsert, dict(
-            run_id=self.run_id, rel=rel, sha=sha256, model=self.model, size=size,
-            status=JobStatus.PROCESSING.value, inc=inc, now=now)).one()
-        return image_id, created_at == now
+    def _claim_params(self, rel: str, sha256: str, size: int, inc: int, now: datetime) -> dict[str, Any]:
+        return dict(run_id=self.run_id, rel=rel, sha=sha256, model=self.model, size=size,
+                    status=JobStatus.PROCESSING.value, inc=inc, now=now)
+
+    def _claim_all(self, conn: Connection, claims: list[dict[str, Any]],
+                   now: datetime) -> dict[tuple[str, str], tuple[int, bool]]:
+        """Upsert the image rows as processing, attempts + inc, in one executemany; then read their ids
+        in one query. Returns (rel, sha256) -> (id, fresh): fresh means first seen now, so it has no
+        earlier result rows to replace."""
+        if not claims:
+            return {}
+        conn.execute(self._upsert, claims)
+        wanted = {(c["rel"], c["sha"]) for c in claims}
+        rows = conn.execute(self._ids, {"model": self.model, "rels": sorted({rel for rel, _ in wanted})})
+        return {(r.rel_path, r.sha256): (r.id, r.created_at == now) for r in rows if (r.rel_path, r.sha256) in wanted}
+
+
+def _awaited_claim(e: Any) -> bool:
+    return isinstance(e, Claimed) and e.committed is not None

@@ -65,10 +65,13 @@ def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tu
         geo = Geometry((h, w), s, s, left, top)
     if spec.color == "rgb":
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
-    mean = np.asarray(spec.mean, dtype=np.float32)
-    inv_std = 1.0 / np.asarray(spec.std, dtype=np.float32)
-    x = (resized.astype(np.float32) - mean) * inv_std
-    return np.ascontiguousarray(x.transpose(2, 0, 1)), geo
+    # one channel at a time straight into CHW: broadcasting over a last axis of 3 runs numpy's inner
+    # loop 3 elements at a time, ten times slower for the same float32 arithmetic
+    x = np.empty((3, th, tw), dtype=np.float32)
+    for c in range(3):
+        np.subtract(resized[:, :, c], np.float32(spec.mean[c]), out=x[c], dtype=np.float32)
+        x[c] *= np.float32(1.0) / np.float32(spec.std[c])
+    return x, geo
 
 
 class CardPreprocessing:
