@@ -18,6 +18,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -41,6 +42,10 @@ from worker.tasks.preprocess import Geometry, needed_size
 
 log = logging.getLogger(__name__)
 _STOP: Any = object()
+# a decode thread claims up to this many waiting jobs (and bytes) ahead of decoding: enough that a
+# busy pipeline's claims share transactions (see recorder.GROUP_S) and no thread waits for a commit
+CLAIM_AHEAD = 4
+CLAIM_AHEAD_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class _Item:
     image: np.ndarray | None = None
     geometry: Geometry | None = None
     output: np.ndarray | None = None
+    data: bytes | None = None  # the file's bytes, from reading to decoding
+    committed: threading.Event | None = None  # set once the claim is in the database
     error: str | None = None
     skipped: bool = False  # already done with the same content and model
     timings: dict[str, float] = field(default_factory=dict)
@@ -169,43 +176,68 @@ class Pipeline:
 
     # -- stage 1: read, check, claim, decode, preprocess ------------------------------------
     def _prepare_loop(self) -> None:
-        while (job := self._jobs.get()) is not _STOP:
-            item = _Item(job)
-            t0 = time.perf_counter()
-            item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
-            try:
-                self._prepare(item, t0)
-            except ImageError as e:
-                item.error = e.reason
-            except Exception as e:  # a bug or an OS error on one image: record it, keep going
-                log.exception("prepare %s", job.rel)
-                item.error = f"{type(e).__name__}: {e}"
-            if item.tensor is None:
-                self._inferred.put(item)  # failed or skipped: straight to finish
-            else:
-                self._prepared.put(item)
+        ahead: deque[_Item] = deque()  # claimed, waiting for the claim's commit, then decoding
+        stopping = False
+        while ahead or not stopping:
+            # claim the jobs that are waiting (up to a few, and a few MB) before decoding the oldest:
+            # their claims then share one transaction; block for a job only when nothing is claimed
+            while not stopping and len(ahead) < CLAIM_AHEAD and sum(i.size for i in ahead) < CLAIM_AHEAD_BYTES:
+                try:
+                    job = self._jobs.get(block=not ahead)
+                except queue.Empty:
+                    break
+                if job is _STOP:
+                    stopping = True
+                elif (item := self._guarded(_Item(job), self._claim)) is not None:
+                    ahead.append(item)
+            if ahead:
+                if (item := self._guarded(ahead.popleft(), self._decode)) is not None:
+                    self._prepared.put(item)
 
-    def _prepare(self, item: _Item, t0: float) -> None:
+    def _guarded(self, item: _Item, step: Callable[[_Item], bool]) -> _Item | None:
+        """Run one step; an item that fails or needs no more work goes straight to finish (returns None)."""
+        try:
+            if step(item):
+                return item
+        except ImageError as e:
+            item.error = e.reason
+        except Exception as e:  # a bug or an OS error on one image: record it, keep going
+            log.exception("prepare %s", item.job.rel)
+            item.error = f"{type(e).__name__}: {e}"
+        self._inferred.put(item)
+        return None
+
+    def _claim(self, item: _Item) -> bool:
+        """Read, hash, check the ledger and claim; False when already done (skipped)."""
         job = item.job
         if job.path.is_symlink():  # never followed: it could point anywhere on the machine
             raise ImageError(job.rel, "symbolic link: not followed (copy the file into the folder instead)")
         try:
-            data = job.path.read_bytes()
+            item.data = job.path.read_bytes()
         except FileNotFoundError:
             raise InputGone(job.rel, "file disappeared before it could be read") from None
         except (PermissionError, IsADirectoryError, OSError) as e:
             raise InputGone(job.rel, f"cannot read file: {e.strerror or e}") from None
-        item.sha256, item.size = hashlib.sha256(data).hexdigest(), len(data)
+        item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
         known = None if self.settings.replay else self._ledger.check(job.rel, item.sha256)
         if known is not None and known.status == JobStatus.DONE.value:
-            item.skipped = True
-            return
+            item.skipped, item.data = True, None
+            return False
         if known is not None and known.attempts >= self.settings.max_attempts:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
-        committed = threading.Event()
-        self.recorder.put(Claimed(job.rel, item.sha256, item.size, committed))
-        committed.wait()  # the attempt is on record before decoding: a crash in the decoder counts
+        item.committed = threading.Event()
+        # urgent when no other job waits: an idle pipeline commits at once, a busy one groups claims
+        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed, urgent=self._jobs.empty()))
+        return True
+
+    def _decode(self, item: _Item) -> bool:
+        job, data = item.job, item.data
+        assert data is not None and item.committed is not None
+        item.data = None
+        item.committed.wait()  # the attempt is on record before decoding: a crash in the decoder counts
+        t0 = time.perf_counter()
+        item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
         if self.settings.jpeg_reduce and not self.settings.keep_image:
             image, orig_hw = decode_reduced(data, job.rel, self.settings.max_pixels, self._needed)
         else:
@@ -219,6 +251,7 @@ class Pipeline:
             item.image = image
         t2 = time.perf_counter()
         item.timings.update(decode_ms=(t1 - t0) * 1000, preprocess_ms=(t2 - t1) * 1000)
+        return True
 
     # -- stage 2: micro-batch and run the one shared session --------------------------------
     def _infer_loop(self) -> None:

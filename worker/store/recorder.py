@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 256  # events per transaction
 # a transaction costs about 1 ms of Python whatever its size: under load, gather events this long
 # before writing, so the recorder does not commit for every event (rows lag by at most this).
-# A claim someone waits for is written as soon as the queue is empty.
+# An urgent claim (someone waits for it and the pipeline is idle) is written as soon as the queue is empty.
 GROUP_S = 0.05
 _UNCLAIMED: Any = object()
 
@@ -50,13 +50,14 @@ class RunInfo:
 class Claimed:
     """An image is about to be processed: status processing, attempts + 1.
 
-    Written without waiting for more events (see GROUP_S); the decode stage waits for `committed`,
-    so an image that kills the worker while it is decoded has its attempt on record."""
+    The decode stage waits for `committed`, so an image that kills the worker while it is decoded
+    has its attempt on record. `urgent`: write without waiting for more events (see GROUP_S)."""
 
     rel: str
     sha256: str
     size: int
     committed: threading.Event | None = None
+    urgent: bool = True
 
 
 @dataclass(frozen=True, eq=False)
@@ -259,4 +260,4 @@ class Recorder:
 
 
 def _awaited_claim(e: Any) -> bool:
-    return isinstance(e, Claimed) and e.committed is not None
+    return isinstance(e, Claimed) and e.committed is not None and e.urgent
