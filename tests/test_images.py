@@ -70,3 +70,27 @@ def test_pixel_limit_checked_from_header() -> None:
     big = _png(np.zeros((100, 100), np.uint8))
     with pytest.raises(ImageTooLarge, match="100x100 pixels is over the limit of 5000"):
         decode(big, "big.png", 5000)
+
+
+def test_header_size_reads_jpeg_and_png_like_pillow() -> None:
+    """The fast header reader must agree with Pillow, including progressive JPEGs, EXIF segments
+    and 16-bit PNGs; odd or cut headers fall back to Pillow's answer or error."""
+    from worker.images import header_size
+
+    rng = np.random.default_rng(0)
+    img = Image.fromarray(rng.integers(0, 255, (37, 91, 3), dtype=np.uint8))
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    files = []
+    for kwargs in ({}, {"progressive": True}, {"exif": exif.tobytes()}, {"quality": 20, "subsampling": 0}):
+        buf = io.BytesIO()
+        img.save(buf, format="JPEG", **kwargs)
+        files.append(buf.getvalue())
+    files.append(_png(np.zeros((37, 91), np.uint16)))
+    files.append(_png(np.zeros((37, 91, 4), np.uint8)))
+    for data in files:
+        assert header_size(data, "x") == Image.open(io.BytesIO(data)).size == (91, 37)
+    ok, bmp = cv2.imencode(".bmp", np.zeros((37, 91, 3), np.uint8))
+    assert header_size(bmp.tobytes(), "x") == (91, 37)  # not JPEG or PNG: Pillow reads it
+    with pytest.raises(DecodeError, match="cut.jpg"):
+        decode(files[0][:30], "cut.jpg", 10**6)  # no start-of-frame yet: Pillow fails, clearly

@@ -149,3 +149,33 @@ def test_recorder_same_image_twice_in_one_batch(tmp_path: Path) -> None:
         assert c.scalar(select(func.count()).select_from(LabelRow)) == 1
         assert c.scalar(select(func.count()).select_from(TimingRow)) == 1
     db.dispose()
+
+
+def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path) -> None:
+    """The decode stage waits for a claim's commit, so an image that kills the worker while it is
+    decoded has its attempt on record. Grouped (not urgent) claims are committed too."""
+    import threading
+
+    from sqlalchemy import select
+
+    from worker.store.ledger import Ledger
+    from worker.store.recorder import Claimed, Recorder, RunInfo
+    from worker.store.schema import ImageRow
+
+    db = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    rec = Recorder(db, RunInfo("run", "/x", "m", "", "cpu", {}))
+    ledger = Ledger(db, "m")
+    try:
+        for i, urgent in enumerate((True, False, False)):
+            committed = threading.Event()
+            rec.put(Claimed(f"{i}.png", "s" * 64, 10, committed, urgent=urgent))
+            assert committed.wait(10)
+            known = ledger.check(f"{i}.png", "s" * 64)  # another connection sees it: it is committed
+            assert known is not None and (known.status, known.attempts) == ("processing", 1)
+        assert ledger.check("0.png", "t" * 64) is None and Ledger(db, "other").check("0.png", "s" * 64) is None
+    finally:
+        ledger.close()
+        rec.close()
+    with db.connect() as c:
+        assert sorted(c.scalars(select(ImageRow.rel_path))) == ["0.png", "1.png", "2.png"]
+    db.dispose()

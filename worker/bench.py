@@ -3,7 +3,7 @@
 For each corpus (the demo images resized to 640 and 1920 px wide, saved as JPEG) it measures:
   A  bare `session.run` on ready tensors: 1 intra-op thread and all cores, batch 1..8;
   B  the naive sequential loop a user would write (read, decode, preprocess, run, postprocess, write JSON);
-  C  `worker run` itself, default config, database and outbox writes on;
+  C  `worker run` itself (a fresh process), default config, database and outbox writes on;
 and the per-stage costs on one thread, from which the limit is
   limit = cores / (1/bare_1_thread + t_decode + t_preprocess + t_postprocess).
 """
@@ -13,6 +13,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
+import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -28,8 +31,8 @@ from worker.images import decode
 from worker.models.card import find_card
 from worker.models.pull import pull, with_labels
 from worker.samples import fetch_samples
-from worker.service import run_folder
 from worker.store.db import open_db
+from worker.store.queries import run_stats
 from worker.tasks import adapter_for
 
 
@@ -156,16 +159,14 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             (nout / f"{p.name}.json").write_text(json.dumps(r.summary()))
         naive = len(files) / (time.perf_counter() - t0)
 
-        # C: worker run, default config, fresh database and outbox
+        # C: `worker run` itself in a fresh process (its peak RSS is its own), default config,
+        # fresh database and outbox
         c = dataclasses.replace(cfg, model=model, outbox=work / f"out-{model}-{width}",
                                 db=f"sqlite:///{work / f'bench-{model}-{width}.db'}")
-        summary = run_folder(c, folder)
+        run_id, f = _worker_run(c, folder)
         db = open_db(c.db)
-        from worker.store.queries import run_stats
-
-        (st,) = run_stats(db, run_id=summary.run_id, warmup_s=0)
+        (st,) = run_stats(db, run_id=run_id, warmup_s=0)
         db.dispose()
-        f = summary.figures
         # D: the pipeline fed at a steady half of C's rate, as the watcher feeds it: latency, not throughput
         rate = f["images_per_s"] / 2
         lat = _steady(dataclasses.replace(c, db=f"sqlite:///{work / f'steady-{model}-{width}.db'}"), folder,
@@ -185,6 +186,19 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             f"(p99/p50 {r.steady_p99_ms / r.steady_p50_ms:.2f})")
         results.append(r)
     return results
+
+
+def _worker_run(cfg: Config, folder: Path) -> tuple[int, dict[str, float]]:
+    """Run the `worker run` command in a subprocess; returns its run id and the figures it printed."""
+    config = ["--config", str(cfg.source)] if cfg.source else []
+    cmd = [sys.executable, "-m", "worker", *config, "run", str(folder), "--no-progress", "--model", cfg.model,
+           "--outbox", str(cfg.outbox), "--db", cfg.db]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    run = re.search(r"^run (\d+) ", out.stdout, re.M)
+    rate = re.search(r"([\d.]+) images/s over [\d.]+ s; latency ms p50 ([\d.]+) p95 [\d.]+ p99 ([\d.]+)", out.stdout)
+    if out.returncode != 0 or run is None or rate is None:
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {out.returncode}):\n{out.stdout}\n{out.stderr[-2000:]}")
+    return int(run[1]), {"images_per_s": float(rate[1]), "p50": float(rate[2]), "p99": float(rate[3])}
 
 
 def _steady(cfg: Config, folder: Path, files: list[Path], rate: float) -> np.ndarray:

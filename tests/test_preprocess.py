@@ -1,0 +1,31 @@
+"""The card's preprocessing: resize modes, colour order, per-channel normalisation, geometry."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+import pytest
+
+from worker.models.card import Preprocess
+from worker.tasks.preprocess import prepare
+
+
+@pytest.mark.parametrize("resize", ["stretch", "shorter-crop", "letterbox"])
+@pytest.mark.parametrize("color", ["rgb", "bgr"])
+def test_normalisation_is_per_channel_in_card_order(resize: str, color: str) -> None:
+    """(pixel - mean[c]) / std[c] for each channel c of the card's colour order, as float32 CHW."""
+    spec = Preprocess(color=color, resize=resize, resize_shorter=40, mean=(10.0, 120.0, 250.0),  # type: ignore[arg-type]
+                      std=(2.0, 64.0, 128.0))
+    image = np.random.default_rng(1).integers(0, 256, (45, 71, 3), dtype=np.uint8)
+    x, geo = prepare(image, spec, (32, 32))
+    assert x.shape == (3, 32, 32) and x.dtype == np.float32 and x.flags.c_contiguous
+    # recover the resized pixels from channel 0 and check all three channels against the formula
+    pixels = x[0] * np.float32(2.0) + np.float32(10.0)
+    assert np.allclose(pixels, np.round(pixels), atol=1e-3)
+    if resize == "stretch":
+        resized = cv2.resize(image, (32, 32), interpolation=cv2.INTER_LINEAR)
+        if color == "rgb":
+            resized = resized[:, :, ::-1]
+        want = (resized.astype(np.float32) - np.float32([10, 120, 250])) / np.float32([2, 64, 128])
+        np.testing.assert_allclose(x, want.transpose(2, 0, 1), rtol=1e-6, atol=1e-6)
+        assert (geo.scale_x, geo.scale_y) == (32 / 71, 32 / 45)
