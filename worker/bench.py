@@ -94,6 +94,16 @@ def _best_rate(fn: Callable[[], int], seconds: float = 1.5) -> float:
     return best
 
 
+def _best_cost(fn: Callable[[], Any], passes: int = 3) -> float:
+    """Seconds of the fastest of `passes` calls of fn()."""
+    best = float("inf")
+    for _ in range(passes):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def _session(path: Path, threads: int | None) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     if threads is not None:
@@ -132,19 +142,14 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
     for width in widths:
         folder = work / f"{model}-{width}"
         files = make_corpus(samples, width, count, folder)
-        # per-stage costs on one thread
+        # per-stage costs on one thread: the best of 3 passes over 20 images (noise only adds time)
         datas = [p.read_bytes() for p in files[:20]]
-        t0 = time.perf_counter()
         imgs = [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]
-        t_dec = (time.perf_counter() - t0) / len(datas)
-        t0 = time.perf_counter()
         pre = [adapter.preprocess(im) for im in imgs]
-        t_pre = (time.perf_counter() - t0) / len(pre)
         outs = [session.run([out_name] if out_name else None, {iname: x[None]})[0][0] for x, _ in pre[:5]]
-        t0 = time.perf_counter()
-        for o, (_, g) in zip(outs * 4, pre[:20]):
-            adapter.postprocess(o, g)
-        t_post = (time.perf_counter() - t0) / 20
+        t_dec = _best_cost(lambda: [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]) / len(datas)
+        t_pre = _best_cost(lambda: [adapter.preprocess(im) for im in imgs]) / len(imgs)
+        t_post = _best_cost(lambda: [adapter.postprocess(o, g) for o, (_, g) in zip(outs * 4, pre)]) / len(pre)
         limit = cores / (1 / bare_1t + t_dec + t_pre + t_post)
 
         # B: the naive loop
