@@ -235,7 +235,6 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
     db = open_db(cfg.db)
     try:
         (stats,) = run_stats(db, run_id=run_id, warmup_s=warm)
-        rows = _steady_rss(db, run_id, warm)
     finally:
         db.dispose()
     mem = stats["memory"]
@@ -251,21 +250,9 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
     if ratio and end["p99"] > ratio * start["p99"]:
         failures.append(f"p99 latency grew from {start['p99']:.1f} to {end['p99']:.1f} ms (limit x{ratio})")
     return SoakVerdict(run_id=run_id, images=n, seconds=round(seconds, 1), rss_slope_mb_per_h=slope,
-                       rss_start_mb=rows[0] if rows else float("nan"), rss_end_mb=rows[-1] if rows else float("nan"),
+                       rss_start_mb=mem.get("steady_start_mb", float("nan")),
+                       rss_end_mb=mem.get("steady_end_mb", float("nan")),
                        rss_peak_mb=mem.get("rss_peak_mb", float("nan")), samples=mem.get("steady_samples", 0),
                        p50_start_ms=start["p50"], p99_start_ms=start["p99"], p50_end_ms=end["p50"],
                        p99_end_ms=end["p99"], failures=tuple(failures))
 
-
-def _steady_rss(db: Any, run_id: int, warmup_s: float) -> list[float]:
-    from sqlalchemy import select
-
-    from worker.store.schema import MemorySample
-
-    with db.connect() as c:
-        rows = c.execute(select(MemorySample.at, MemorySample.rss_bytes).where(MemorySample.run_id == run_id)
-                         .order_by(MemorySample.at)).all()
-    if not rows:
-        return []
-    t0 = rows[0].at
-    return [round(r.rss_bytes / 2**20, 1) for r in rows if (r.at - t0).total_seconds() >= warmup_s]

@@ -120,6 +120,8 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any]
         memory.update(rss_start_mb=round(mb[0], 1), rss_end_mb=round(mb[-1], 1), rss_peak_mb=round(max(mb), 1),
                       slope_mb_per_h=round(slope_per_hour([t for t, _ in steady], [m for _, m in steady]), 3),
                       steady_samples=len(steady))
+        if steady:  # the first and last sample after the warm-up: what a soak compares
+            memory.update(steady_start_mb=round(steady[0][1], 1), steady_end_mb=round(steady[-1][1], 1))
     return {"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
             "started_at": start.isoformat(), "finished_at": end.isoformat() if end else None,
             "counts": counts, "images_per_s": round(processed / span, 2) if span else None,
