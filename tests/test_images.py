@@ -94,3 +94,14 @@ def test_header_size_reads_jpeg_and_png_like_pillow() -> None:
     assert header_size(bmp.tobytes(), "x") == (91, 37)  # not JPEG or PNG: Pillow reads it
     with pytest.raises(DecodeError, match="cut.jpg"):
         decode(files[0][:30], "cut.jpg", 10**6)  # no start-of-frame yet: Pillow fails, clearly
+
+
+def test_colour_profile_warnings_do_not_reach_stderr(samples, capfd) -> None:
+    """page.png carries a malformed iCCP profile: libpng would warn on stderr at every decode."""
+    data = (samples / "page.png").read_bytes()
+    assert b"iCCP" in data[:4096]
+    want = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    capfd.readouterr()
+    got = decode(data, "page.png", 10**8)
+    assert "libpng" not in capfd.readouterr().err
+    assert np.array_equal(got, want)

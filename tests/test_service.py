@@ -72,3 +72,36 @@ def test_quarantine_after_max_attempts(cfg, tmp_path: Path) -> None:
         row = c.execute(select(ImageRow)).one()
     db.dispose()
     assert row.status == "failed" and row.attempts == 2 and "quarantined after 2 attempts" in row.error
+
+
+def test_images_left_in_flight_by_a_dead_worker_go_first_and_alone(cfg, tmp_path: Path, samples: Path) -> None:
+    """After a crash, each image that was in flight is processed on its own before the rest: if it
+    is the one that crashes the worker, only its own attempts count towards quarantine."""
+    import hashlib
+    import threading
+
+    from worker.store.recorder import Claimed, Recorder, RunInfo
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    names = ["astronaut.png", "chelsea.png", "coffee.png", "page.png", "text.png", "rocket.jpg"]
+    for name in names:
+        shutil.copy(samples / name, folder / name)
+    db = open_db(cfg.db)
+    dead = Recorder(db, RunInfo("run", str(folder), "ppocr-det", "", "cpu", {}))  # a worker that claims, then dies
+    for name in ("page.png", "text.png"):
+        committed = threading.Event()
+        dead.put(Claimed(name, hashlib.sha256((folder / name).read_bytes()).hexdigest(), 1, committed))
+        committed.wait(10)
+    dead.close()
+
+    summary = run_folder(cfg, folder)
+    assert (summary.figures["images"], summary.figures["done"], summary.figures["skipped"]) == (6, 6, 0)
+    with db.connect() as c:
+        rows = {r.rel_path: r for r in c.execute(select(ImageRow))}
+    db.dispose()
+    assert {n: rows[n].attempts for n in names} == {**{n: 1 for n in names}, "page.png": 2, "text.png": 2}
+    assert all(rows[n].status == "done" for n in names)
+    last_suspect = max(rows[n].updated_at for n in ("page.png", "text.png"))
+    first_other = min(rows[n].updated_at for n in names if n not in ("page.png", "text.png"))
+    assert last_suspect <= first_other  # both finished before any other image finished

@@ -78,6 +78,8 @@ def decode(data: bytes, name: str, max_pixels: int) -> np.ndarray:
         raise ImageTooLarge(name, f"{size[0]}x{size[1]} pixels is over the limit of {max_pixels} (pipeline.max_pixels)")
     if data[:2] == b"\xff\xd8":
         _check_jpeg_complete(data, name)
+    elif data[:8] == _PNG_SIGNATURE:
+        data = _without_colour_profile(data)
     buf = np.frombuffer(data, dtype=np.uint8)
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR)  # applies EXIF orientation, 16->8 bit, gray->3 channels
     if img is None:
@@ -121,6 +123,21 @@ def decode_reduced(data: bytes, name: str, max_pixels: int,
                 return img, orig
     img = decode(data, name, max_pixels)
     return img, (img.shape[0], img.shape[1])
+
+
+def _without_colour_profile(png: bytes) -> bytes:
+    """The PNG without its iCCP chunk. OpenCV ignores colour profiles, but its libpng prints a warning
+    to stderr for a malformed one (common: "known incorrect sRGB profile") on every decode, which
+    would fill a hot folder's log; the decoded pixels are the same."""
+    pos = 8
+    while pos + 8 <= len(png):
+        length, kind = struct.unpack_from(">I4s", png, pos)
+        if kind == b"iCCP":  # at most one, before the image data
+            return png[:pos] + png[pos + 12 + length:]
+        if kind in (b"IDAT", b"IEND"):
+            return png
+        pos += 12 + length
+    return png
 
 
 def _check_jpeg_complete(data: bytes, name: str) -> None:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import cv2
 import numpy as np
 from sqlalchemy import Engine as DbEngine
 
@@ -148,6 +149,22 @@ class Pipeline:
         """Block until fewer than `max_pending` jobs are in flight (steady-load callers: soak, bench)."""
         with self._idle:
             self._idle.wait_for(lambda: self._pending < max_pending)
+
+    def recover(self, root: Path) -> set[str]:
+        """Submit the images a dead worker left in flight, one at a time, and wait for each.
+
+        Each crash counts an attempt against every image in flight; alone, a file that crashes the
+        worker again is the only one charged, so it reaches quarantine without taking its neighbours
+        with it. Returns the relative paths it submitted."""
+        done: set[str] = set()
+        for rel in self._ledger.in_flight():
+            path = root / rel
+            if path.is_file() and not path.is_symlink():
+                log.warning("%s was in flight when a worker stopped: processing it on its own first", rel)
+                self.submit(Job.from_path(root, path))
+                self.drain()
+                done.add(rel)
+        return done
 
     def depth(self) -> int:
         return self._jobs.qsize() + self._prepared.qsize() + self._inferred.qsize()
@@ -382,6 +399,20 @@ class Pipeline:
                 move_verified(job.path, root / folder / job.rel)
         except (OSError, WorkerError) as e:
             log.error("cannot archive %s: %s", job.rel, e)
+
+
+def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int) -> None:
+    """Decode, preprocess, infer and postprocess one synthetic photo-sized JPEG before intake starts.
+
+    The first calls into OpenCV's codecs and resizers and into numpy's kernels cost tens of
+    milliseconds (more on big images); without this the first real image would pay them."""
+    image = np.random.default_rng(0).integers(0, 256, (1080, 1920, 3), dtype=np.uint8)
+    try:
+        ok, jpeg = cv2.imencode(".jpg", image)
+        x, geometry = adapter.preprocess(decode(jpeg.tobytes(), "warm-up", max_pixels))
+        adapter.postprocess(engine.run(x[None])[0], geometry)
+    except Exception as e:  # only a warm-up: real images will say what is wrong, one by one
+        log.warning("warm-up of the image stages failed: %s", e)
 
 
 def summarize(counts: Counts, seconds: float) -> dict[str, Any]:

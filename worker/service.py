@@ -22,7 +22,7 @@ from worker.models.card import ModelCard, find_card
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.outbox import Outbox, remove_temporaries
-from worker.pipeline import Pipeline, Settings, summarize
+from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.store.db import open_db
 from worker.store.recorder import Recorder, RunInfo
 from worker.tasks import adapter_for
@@ -74,6 +74,8 @@ def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = Non
     engine.check_input(size_hw, card.name)
     max_batch = max(1, p.max_batch) if card.input.dynamic_batch else (engine.static_batch or 1)
     engine.warm_up(max_batch, size_hw)
+    adapter = adapter_for(card)
+    warm_up_stages(adapter, engine, p.max_pixels)
     settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
                         max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
@@ -87,7 +89,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = Non
         if folder is not None and (n := remove_temporaries(folder)):
             log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
     try:
-        with Pipeline(card=card, engine=engine, adapter=adapter_for(card), recorder=recorder, outbox=outbox,
+        with Pipeline(card=card, engine=engine, adapter=adapter, recorder=recorder, outbox=outbox,
                       db=db, settings=settings, on_finished=on_finished) as pipeline:
             yield pipeline
     finally:
@@ -113,9 +115,12 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
     finished = (lambda job, status: progress(1)) if progress is not None else None
     with open_pipeline(cfg, "run", folder, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
+        recovered = pipeline.recover(folder)
         for path in paths:
             if stop is not None and stop.is_set():
                 break
+            if path.relative_to(folder).as_posix() in recovered:
+                continue
             try:
                 job = Job.from_path(folder, path)
             except OSError:  # vanished or unreadable: the pipeline records why
@@ -141,6 +146,7 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
 
     with open_pipeline(cfg, "watch", inbox, archive=cfg.archive, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
+        pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
         intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s, pipeline.submit)
         observer = None if burst else start_observer(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
         log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))

@@ -50,6 +50,12 @@ class Ledger:
         conn.rollback()  # end the read transaction some drivers open (PostgreSQL); a no-op on SQLite
         return Known(row[0], row[1], row[2]) if row else None
 
+    def in_flight(self) -> list[str]:
+        """Paths left `processing` for this model: a worker died while they were in flight."""
+        with self.engine.connect() as c:
+            return list(c.scalars(select(ImageRow.rel_path).distinct().where(
+                ImageRow.model == self.model, ImageRow.status == "processing").order_by(ImageRow.rel_path)))
+
     def _connection(self) -> Any:
         conn = getattr(self._local, "conn", None)
         if conn is None:
