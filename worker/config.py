@@ -50,6 +50,7 @@ class EngineConfig:
     gpu_mem_limit_mb: int = 0  # 0 = no limit
     arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = "kSameAsRequested"
     cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = "HEURISTIC"
+    cpu_mem_arena: bool = True  # onnxruntime's CPU memory arena; false: every run allocates from malloc
 
 
 @dataclass(frozen=True)

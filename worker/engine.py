@@ -40,6 +40,7 @@ class Engine:
         # decode threads and spinning intra-op threads fight for the same cores
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
+        opts.enable_cpu_mem_arena = cfg.cpu_mem_arena
         wanted = self._providers(cfg)
         try:
             self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=wanted)
