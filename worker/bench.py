@@ -6,6 +6,9 @@ For each corpus (the demo images resized to 640 and 1920 px wide, saved as JPEG)
   C  `worker run` itself (a fresh process), default config, database and outbox writes on;
 and the per-stage costs on one thread, from which the limit is
   limit = cores / (1/bare_1_thread + t_decode + t_preprocess + t_postprocess).
+Every figure is a best of several (A and the stage costs: 3 passes; B and C: `rounds` alternating
+runs), since on a shared machine noise only ever slows things down;
+  D  the pipeline fed at a steady half of C's rate: per-image latency, first image included.
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ def _session(path: Path, threads: int | None) -> ort.InferenceSession:
 
 
 def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, work: Path,
-                say: Callable[[str], None]) -> list[CorpusResult]:
+                say: Callable[[str], None], rounds: int = 3) -> list[CorpusResult]:
     card = with_labels(find_card(cfg.models_dir, model), cfg.cache_dir)
     onnx = pull(card, cfg.cache_dir)
     adapter = adapter_for(card)
@@ -152,26 +155,23 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         t_post = _best_cost(lambda: [adapter.postprocess(o, g) for o, (_, g) in zip(outs * 4, pre)]) / len(pre)
         limit = cores / (1 / bare_1t + t_dec + t_pre + t_post)
 
-        # B: the naive loop
-        nout = work / f"naive-{model}-{width}"
-        nout.mkdir(exist_ok=True)
-        t0 = time.perf_counter()
-        for p in files:
-            img = cv2.imread(str(p), cv2.IMREAD_COLOR)
-            x, g = adapter.preprocess(img)
-            y = session.run([out_name] if out_name else None, {iname: x[None]})[0][0]
-            r = adapter.postprocess(y, g)
-            (nout / f"{p.name}.json").write_text(json.dumps(r.summary()))
-        naive = len(files) / (time.perf_counter() - t0)
-
-        # C: `worker run` itself in a fresh process (its peak RSS is its own), default config,
-        # fresh database and outbox
-        c = dataclasses.replace(cfg, model=model, outbox=work / f"out-{model}-{width}",
-                                db=f"sqlite:///{work / f'bench-{model}-{width}.db'}")
-        run_id, f = _worker_run(c, folder)
-        db = open_db(c.db)
-        (st,) = run_stats(db, run_id=run_id, warmup_s=0)
-        db.dispose()
+        # B and C, alternating, `rounds` times each; the best of each counts (noise only slows down)
+        naive, best_c, rss_peak = 0.0, None, 0.0
+        for k in range(rounds):
+            naive = max(naive, _naive_loop(files, adapter, session, iname, out_name, work / f"naive-{model}-{width}"))
+            # C: `worker run` itself in a fresh process (its peak RSS is its own), default config,
+            # fresh database and outbox each time
+            c = dataclasses.replace(cfg, model=model, outbox=work / f"out-{model}-{width}-{k}",
+                                    db=f"sqlite:///{work / f'bench-{model}-{width}-{k}.db'}")
+            run_id, figures = _worker_run(c, folder)
+            db = open_db(c.db)
+            (st,) = run_stats(db, run_id=run_id, warmup_s=0)
+            db.dispose()
+            rss_peak = max(rss_peak, st["memory"].get("rss_peak_mb", 0.0))
+            if best_c is None or figures["images_per_s"] > best_c["images_per_s"]:
+                best_c = figures
+        assert best_c is not None
+        f = best_c
         # D: the pipeline fed at a steady half of C's rate, as the watcher feeds it: latency, not throughput
         rate = f["images_per_s"] / 2
         lat = _steady(dataclasses.replace(c, db=f"sqlite:///{work / f'steady-{model}-{width}.db'}"), folder,
@@ -180,7 +180,7 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                          bare_best_at=f"{bt}t b{bb}", decode_ms=t_dec * 1e3, preprocess_ms=t_pre * 1e3,
                          postprocess_ms=t_post * 1e3, limit=limit, naive=naive, worker=f["images_per_s"],
                          worker_p50_ms=f["p50"], worker_p99_ms=f["p99"],
-                         worker_rss_peak_mb=st["memory"].get("rss_peak_mb", float("nan")),
+                         worker_rss_peak_mb=rss_peak,
                          steady_rate=rate, steady_first_ms=float(lat[0]), steady_p50_ms=float(np.percentile(lat, 50)),
                          steady_p99_ms=float(np.percentile(lat, 99)))
         say(f"  {width} px: decode {r.decode_ms:.1f} ms, preprocess {r.preprocess_ms:.1f} ms, postprocess "
@@ -191,6 +191,20 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             f"(p99/p50 {r.steady_p99_ms / r.steady_p50_ms:.2f})")
         results.append(r)
     return results
+
+
+def _naive_loop(files: list[Path], adapter: Any, session: ort.InferenceSession, iname: str, out_name: str | None,
+                out: Path) -> float:
+    """Images/s of the sequential loop a user would write: read, preprocess, run, postprocess, write JSON."""
+    out.mkdir(exist_ok=True)
+    t0 = time.perf_counter()
+    for p in files:
+        img = cv2.imread(str(p), cv2.IMREAD_COLOR)
+        x, g = adapter.preprocess(img)
+        y = session.run([out_name] if out_name else None, {iname: x[None]})[0][0]
+        r = adapter.postprocess(y, g)
+        (out / f"{p.name}.json").write_text(json.dumps(r.summary()))
+    return len(files) / (time.perf_counter() - t0)
 
 
 def _worker_run(cfg: Config, folder: Path) -> tuple[int, dict[str, float]]:
@@ -223,13 +237,14 @@ def _steady(cfg: Config, folder: Path, files: list[Path], rate: float) -> np.nda
 
 
 def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], count: int,
-              say: Callable[[str], None]) -> list[CorpusResult]:
-    say(f"worker bench: {os.cpu_count()} cores, onnxruntime {ort.__version__}, {count} images per corpus")
+              say: Callable[[str], None], rounds: int = 3) -> list[CorpusResult]:
+    say(f"worker bench: {os.cpu_count()} cores, onnxruntime {ort.__version__}, {count} images per corpus, "
+        f"B and C best of {rounds} alternating runs")
     results: list[CorpusResult] = []
     with tempfile.TemporaryDirectory(prefix="worker-bench-") as tmp:
         for m in models:
             say(f"model {m}")
-            results += bench_model(cfg, m, widths, count, Path(tmp), say)
+            results += bench_model(cfg, m, widths, count, Path(tmp), say, rounds)
     say("")
     say("| model | corpus | A bare 1 thread | A best | limit | B naive | C worker run | C/limit | C/B | "
         "C peak RSS MB | D rate | D first ms | D p50 ms | D p99 ms |")

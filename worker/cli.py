@@ -299,9 +299,11 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
 @click.option("--model", "models", multiple=True, help="Model card (repeatable; default: all three bundled cards).")
 @click.option("--width", "widths", type=int, multiple=True, help="Corpus image width in px (default: 640 and 1920).")
 @click.option("--images", "count", type=int, default=300, show_default=True, help="Images per corpus.")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
+              help="Runs of B and C each, alternating; the best counts.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Also write the figures as JSON here.")
 @click.pass_context
-def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], count: int,
+def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], count: int, rounds: int,
           json_out: Path | None) -> None:
     """Measure bare inference, the naive loop and `worker run` side by side, with the machine's limit.
 
@@ -313,7 +315,7 @@ def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], 
     from worker.service import DEMO_MODELS
 
     cfg = _load(ctx)
-    results = run_bench(cfg, models or DEMO_MODELS, widths or (640, 1920), count, click.echo)
+    results = run_bench(cfg, models or DEMO_MODELS, widths or (640, 1920), count, click.echo, rounds)
     if json_out is not None:
         json_out.write_text(json.dumps(as_dicts(results), indent=1))
 
