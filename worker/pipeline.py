@@ -196,7 +196,7 @@ class Pipeline:
         ahead: deque[_Item] = deque()  # claimed, waiting for the claim's commit, then decoding
         stopping = False
         while ahead or not stopping:
-            # claim the jobs that are waiting (up to a few, and a few MB) before decoding the oldest:
+            # claim the jobs that are waiting (up to CLAIM_AHEAD, and 64 MiB) before decoding the oldest:
             # their claims then share one transaction; block for a job only when nothing is claimed
             while not stopping and len(ahead) < CLAIM_AHEAD and sum(i.size for i in ahead) < CLAIM_AHEAD_BYTES:
                 try:
