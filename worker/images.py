@@ -74,8 +74,8 @@ def decode(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     if not data:
         raise DecodeError(name, "empty file")
     size = header_size(data, name)
-    if size is not None and max_pixels and size[0] * size[1] > max_pixels:
-        raise ImageTooLarge(name, f"{size[0]}x{size[1]} pixels is over the limit of {max_pixels} (pipeline.max_pixels)")
+    if size is not None:
+        _check_pixels(size[0], size[1], name, max_pixels)
     if data[:2] == b"\xff\xd8":
         _check_jpeg_complete(data, name)
     elif data[:8] == _PNG_SIGNATURE:
@@ -114,15 +114,18 @@ def decode_reduced(data: bytes, name: str, max_pixels: int,
         nh, nw = needed(orig)
         k = next((k for k in (8, 4, 2) if orig[0] // k >= nh and orig[1] // k >= nw), 1)
         if k > 1:
-            if max_pixels and orig[0] * orig[1] > max_pixels:
-                raise ImageTooLarge(name, f"{orig[1]}x{orig[0]} pixels is over the limit of {max_pixels} "
-                                          "(pipeline.max_pixels)")
+            _check_pixels(orig[1], orig[0], name, max_pixels)
             _check_jpeg_complete(data, name)
             img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _REDUCED[k])
             if img is not None:
                 return img, orig
     img = decode(data, name, max_pixels)
     return img, (img.shape[0], img.shape[1])
+
+
+def _check_pixels(width: int, height: int, name: str, max_pixels: int) -> None:
+    if max_pixels and width * height > max_pixels:
+        raise ImageTooLarge(name, f"{width}x{height} pixels is over the limit of {max_pixels} (pipeline.max_pixels)")
 
 
 def _without_colour_profile(png: bytes) -> bytes:

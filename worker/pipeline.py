@@ -105,7 +105,7 @@ class Pipeline:
                  outbox: Outbox, db: DbEngine, settings: Settings,
                  on_finished: Callable[[Job, JobStatus], None] | None = None) -> None:
         self.card, self.engine, self.adapter = card, engine, adapter
-        self.recorder, self.outbox, self.db, self.settings = recorder, outbox, db, settings
+        self.recorder, self.outbox, self.settings = recorder, outbox, settings
         self.on_finished = on_finished
         self.counts = Counts()
         # jobs are only paths: a deep queue is cheap. Prepared tensors and raw outputs are megabytes
@@ -119,7 +119,6 @@ class Pipeline:
         self._ledger = Ledger(db, card.name)
         self._pending = 0
         self._idle = threading.Condition()
-        self._lock = threading.Lock()
         size = (card.input.size[0], card.input.size[1])
         self._size_hw = size
         self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
@@ -159,7 +158,7 @@ class Pipeline:
         done: set[str] = set()
         for rel in self._ledger.in_flight():
             path = root / rel
-            if path.is_file() and not path.is_symlink():
+            if path.is_file() or path.is_symlink():  # a symlink is refused by the claim step, on record
                 log.warning("%s was in flight when a worker stopped: processing it on its own first", rel)
                 self.submit(Job.from_path(root, path))
                 self.drain()

@@ -107,7 +107,7 @@ class Recorder:
             s.add(run)
             s.flush()
             self.run_id: int = run.id
-        # upserts are dialect-specific (both SQLite and PostgreSQL have ON CONFLICT ... RETURNING)
+        # upserts are dialect-specific (SQLite and PostgreSQL both have ON CONFLICT DO UPDATE)
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
         self._statements()

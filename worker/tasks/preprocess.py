@@ -20,7 +20,6 @@ class Geometry:
     left: int = 0
     top: int = 0
 
-
     def rescaled(self, orig_hw: tuple[int, int]) -> "Geometry":
         """The same mapping for an image that was decoded smaller than its original size orig_hw."""
         fy, fx = orig_hw[0] / self.orig_hw[0], orig_hw[1] / self.orig_hw[1]
