@@ -21,6 +21,7 @@ import numpy as np
 
 from worker.draw import overlay, yolo_txt
 from worker.errors import WorkerError
+from worker.maskpng import encode_mask_png
 from worker.results import Detections, Mask, Result
 
 TMP_PREFIX = ".tmp-"
@@ -81,10 +82,7 @@ class Outbox:
         mask_rel = None
         if isinstance(result, Mask) and self.write_masks:
             mask_rel = rel + ".mask.png"
-            ok, png = cv2.imencode(".png", result.mask.astype(np.uint8) * 255)
-            if not ok:
-                raise WorkerError(f"{rel}: PNG encoding of the mask failed")
-            write_atomic(self._inside(mask_rel), png.tobytes())
+            write_atomic(self._inside(mask_rel), encode_mask_png(result.mask))
             document = {**document, "mask_path": mask_rel}
         json_rel = None
         if self.write_json:
