@@ -300,7 +300,7 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
 @click.option("--width", "widths", type=int, multiple=True, help="Corpus image width in px (default: 640 and 1920).")
 @click.option("--images", "count", type=int, default=300, show_default=True, help="Images per corpus.")
 @click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
-              help="Runs of B and C each, alternating; the best counts.")
+              help="Rounds of B and C, each bracketed by the 1-thread rate; the median round counts.")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), help="Also write the figures as JSON here.")
 @click.pass_context
 def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], count: int, rounds: int,
