@@ -7,13 +7,13 @@ For each corpus (the demo images resized to 640 and 1920 px wide, saved as JPEG)
      cores x the 1-thread rate);
   B  the naive sequential loop a user would write (read, decode, preprocess, run, postprocess, write JSON);
   C  `worker run` itself (a fresh process), default config, database and outbox writes on;
-and the per-stage costs on one thread (best of 3 passes), from which the limit is
+and the per-stage costs on one thread (20 images), from which the limit is
   limit          = cores / (1/bare_1_thread + t_decode + t_preprocess + t_postprocess)   (the issue's)
   limit-parallel = cores / (cores/bare_parallel + t_decode + t_preprocess + t_postprocess).
 This machine's speed drifts by +-20% over minutes, so B and C run in `rounds` rounds and A's two
-rates are measured right before and right after each round's B and C (their mean stands for that
-round); ratios are taken within a round and the median round is reported, as medians of 3 were
-in the issue's baselines;
+rates and the stage costs are measured right before and right after each round's B and C (their mean
+stands for that round); ratios are taken within a round and the median round is reported (the
+issue's baselines were medians of 3);
   D  the pipeline fed at a steady half of C's rate: per-image latency, first image included.
 """
 
@@ -87,6 +87,7 @@ class _Round:
 
     one_t: float
     parallel: float
+    stages_ms: tuple[float, float, float]  # decode, preprocess, postprocess on one thread
     naive: float
     worker: dict[str, float]
     rss_peak: float
@@ -133,14 +134,11 @@ def _best_rate(fn: Callable[[], int], seconds: float = 1.5) -> float:
     return best
 
 
-def _best_cost(fn: Callable[[], Any], passes: int = 3) -> float:
-    """Seconds of the fastest of `passes` calls of fn()."""
-    best = float("inf")
-    for _ in range(passes):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+def _cost(fn: Callable[[], Any]) -> float:
+    """Seconds of one call of fn()."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def _mean_rates(one_run: Callable[[], int], one: ort.InferenceSession, name: str, tensors: list[np.ndarray],
@@ -210,14 +208,10 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
     for width in widths:
         folder = work / f"{model}-{width}"
         files = make_corpus(samples, width, count, folder)
-        # per-stage costs on one thread: the best of 3 passes over 20 images (noise only adds time)
         datas = [p.read_bytes() for p in files[:20]]
         imgs = [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]
         pre = [adapter.preprocess(im) for im in imgs]
         outs = [session.run([out_name] if out_name else None, {iname: x[None]})[0][0] for x, _ in pre[:5]]
-        t_dec = _best_cost(lambda: [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]) / len(datas)
-        t_pre = _best_cost(lambda: [adapter.preprocess(im) for im in imgs]) / len(imgs)
-        t_post = _best_cost(lambda: [adapter.postprocess(o, g) for o, (_, g) in zip(outs * 4, pre)]) / len(pre)
         tensors = [x[None] for x, _ in pre]
         turn = itertools.count()
 
@@ -225,29 +219,37 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             one.run(None, {one_in: tensors[next(turn) % len(tensors)]})
             return 1
 
-        # rounds: A's 1-thread rate and A-parallel measured right before and right after B and C, so
+        def machine() -> tuple[float, float, float, float, float]:
+            """(A 1 thread, A parallel, t_decode, t_preprocess, t_postprocess) now, on one thread each."""
+            t_dec = _cost(lambda: [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]) / len(datas)
+            t_pre = _cost(lambda: [adapter.preprocess(im) for im in imgs]) / len(imgs)
+            t_post = _cost(lambda: [adapter.postprocess(o, g) for o, (_, g) in zip(outs * 4, pre)]) / len(pre)
+            return (*_mean_rates(one_run, one, one_in, tensors, cores), t_dec, t_pre, t_post)
+
+        # rounds: A's rates and the stage costs are measured right before and right after B and C, so
         # each round's limit holds for the minutes C ran in (this machine's speed drifts by +-20%);
         # every ratio is taken within a round, and the median round is reported
         rounds_seen: list[_Round] = []
         for k in range(rounds):
-            before = _mean_rates(one_run, one, one_in, tensors, cores)
+            before = machine()
             naive = _naive_loop(files, adapter, session, iname, out_name, work / f"naive-{model}-{width}")
             # C: `worker run` itself in a fresh process (its peak RSS is its own), default config,
             # fresh database and outbox each time
             c = dataclasses.replace(cfg, model=model, outbox=work / f"out-{model}-{width}-{k}",
                                     db=f"sqlite:///{work / f'bench-{model}-{width}-{k}.db'}")
             run_id, figures = _worker_run(c, folder)
-            after = _mean_rates(one_run, one, one_in, tensors, cores)
+            after = machine()
             db = open_db(c.db)
             (st,) = run_stats(db, run_id=run_id, warmup_s=0)
             db.dispose()
-            one_t, par = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
-            rounds_seen.append(_Round(one_t=one_t, parallel=par, naive=naive, worker=figures,
-                                      rss_peak=st["memory"].get("rss_peak_mb", 0.0),
-                                      limit=cores / (1 / one_t + t_dec + t_pre + t_post),
-                                      limit_parallel=cores / (cores / par + t_dec + t_pre + t_post)))
-            say(f"    round {k + 1}: A 1 thread {one_t:.1f}, A parallel {par:.1f} img/s -> limit "
-                f"{rounds_seen[-1].limit:.1f} | B {naive:.1f} | C {figures['images_per_s']:.1f} img/s "
+            one_t, par, t_dec, t_pre, t_post = ((a + b) / 2 for a, b in zip(before, after))
+            stages = t_dec + t_pre + t_post
+            rounds_seen.append(_Round(one_t=one_t, parallel=par, stages_ms=(t_dec * 1e3, t_pre * 1e3, t_post * 1e3),
+                                      naive=naive, worker=figures, rss_peak=st["memory"].get("rss_peak_mb", 0.0),
+                                      limit=cores / (1 / one_t + stages),
+                                      limit_parallel=cores / (cores / par + stages)))
+            say(f"    round {k + 1}: A 1 thread {one_t:.1f}, A parallel {par:.1f} img/s, stages {stages * 1e3:.1f} ms "
+                f"-> limit {rounds_seen[-1].limit:.1f} | B {naive:.1f} | C {figures['images_per_s']:.1f} img/s "
                 f"(C/limit {rounds_seen[-1].ratio_limit:.2f}, C/B {rounds_seen[-1].ratio_naive:.2f})")
         med = sorted(rounds_seen, key=lambda r: r.ratio_limit)[len(rounds_seen) // 2]
         f = med.worker
@@ -256,8 +258,8 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         lat = _steady(dataclasses.replace(c, db=f"sqlite:///{work / f'steady-{model}-{width}.db'}"), folder,
                       files[: max(20, min(len(files), int(rate * 20)))], rate)
         r = CorpusResult(model=model, width=width, images=len(files), bare_1t=med.one_t, bare_best=best,
-                         bare_best_at=f"{bt}t b{bb}", bare_parallel=med.parallel, decode_ms=t_dec * 1e3,
-                         preprocess_ms=t_pre * 1e3, postprocess_ms=t_post * 1e3, limit=med.limit,
+                         bare_best_at=f"{bt}t b{bb}", bare_parallel=med.parallel, decode_ms=med.stages_ms[0],
+                         preprocess_ms=med.stages_ms[1], postprocess_ms=med.stages_ms[2], limit=med.limit,
                          limit_parallel=med.limit_parallel, naive=med.naive, worker=f["images_per_s"],
                          worker_p50_ms=f["p50"], worker_p99_ms=f["p99"],
                          worker_rss_peak_mb=max(x.rss_peak for x in rounds_seen),
