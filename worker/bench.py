@@ -20,7 +20,6 @@ issue's baselines were medians of 3);
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import json
 import os
 import re
@@ -141,13 +140,14 @@ def _cost(fn: Callable[[], Any]) -> float:
     return time.perf_counter() - t0
 
 
-def _mean_rates(one_run: Callable[[], int], one: ort.InferenceSession, name: str, tensors: list[np.ndarray],
-                cores: int, seconds: float = 1.5) -> tuple[float, float]:
+def _mean_rates(one: ort.InferenceSession, name: str, tensors: list[np.ndarray], cores: int,
+                seconds: float = 1.5) -> tuple[float, float]:
     """(1-thread rate, rate of `cores` threads running the same 1-thread session at once), img/s,
     each the mean over `seconds` (a mean, not a best: it stands for the minutes around it)."""
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        n += one_run()
+        one.run(None, {name: tensors[n % len(tensors)]})
+        n += 1
     single = n / (time.perf_counter() - t0)
     counts = [0] * cores
     stop = threading.Event()
@@ -213,18 +213,13 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         pre = [adapter.preprocess(im) for im in imgs]
         outs = [session.run([out_name] if out_name else None, {iname: x[None]})[0][0] for x, _ in pre[:5]]
         tensors = [x[None] for x, _ in pre]
-        turn = itertools.count()
-
-        def one_run() -> int:
-            one.run(None, {one_in: tensors[next(turn) % len(tensors)]})
-            return 1
 
         def machine() -> tuple[float, float, float, float, float]:
             """(A 1 thread, A parallel, t_decode, t_preprocess, t_postprocess) now, on one thread each."""
             t_dec = _cost(lambda: [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]) / len(datas)
             t_pre = _cost(lambda: [adapter.preprocess(im) for im in imgs]) / len(imgs)
             t_post = _cost(lambda: [adapter.postprocess(o, g) for o, (_, g) in zip(outs * 4, pre)]) / len(pre)
-            return (*_mean_rates(one_run, one, one_in, tensors, cores), t_dec, t_pre, t_post)
+            return (*_mean_rates(one, one_in, tensors, cores), t_dec, t_pre, t_post)
 
         # rounds: A's rates and the stage costs are measured right before and right after B and C, so
         # each round's limit holds for the minutes C ran in (this machine's speed drifts by +-20%);
