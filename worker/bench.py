@@ -215,7 +215,7 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         tensors = [x[None] for x, _ in pre]
 
         def machine() -> tuple[float, float, float, float, float]:
-            """(A 1 thread, A parallel, t_decode, t_preprocess, t_postprocess) now, on one thread each."""
+            """(A 1 thread, A parallel, t_decode, t_preprocess, t_postprocess) now; the stage costs on one thread."""
             t_dec = _cost(lambda: [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]) / len(datas)
             t_pre = _cost(lambda: [adapter.preprocess(im) for im in imgs]) / len(imgs)
             t_post = _cost(lambda: [adapter.postprocess(o, g) for o, (_, g) in zip(outs * 4, pre)]) / len(pre)
