@@ -119,7 +119,7 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
         for path in paths:
             if stop is not None and stop.is_set():
                 break
-            if path.relative_to(folder).as_posix() in recovered:
+            if recovered and path.relative_to(folder).as_posix() in recovered:  # rare: skip the per-path work
                 continue
             try:
                 job = Job.from_path(folder, path)
