@@ -105,3 +105,34 @@ def test_colour_profile_warnings_do_not_reach_stderr(samples, capfd) -> None:
     got = decode(data, "page.png", 10**8)
     assert "libpng" not in capfd.readouterr().err
     assert np.array_equal(got, want)
+
+
+def _jpeg(progressive: bool = False, thumbnail: bool = False) -> bytes:
+    rng = np.random.default_rng(1)
+    img = Image.fromarray(rng.integers(0, 256, (64, 96, 3), dtype=np.uint8))
+    extra = {}
+    if thumbnail:  # an EXIF block that carries a whole JPEG (SOI ... SOS ... EOI) before the main scan
+        small = io.BytesIO()
+        img.resize((16, 12)).save(small, format="JPEG")
+        exif = b"Exif\x00\x00" + small.getvalue()
+        extra["exif"] = exif
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", progressive=progressive, **extra)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("progressive", [False, True])
+@pytest.mark.parametrize("thumbnail", [False, True])
+def test_truncated_jpeg_is_refused_wherever_it_is_cut(progressive: bool, thumbnail: bool) -> None:
+    data = _jpeg(progressive, thumbnail)
+    assert data.count(b"\xff\xd9") == (2 if thumbnail else 1)
+    assert decode(data, "ok.jpg", 10**6).shape == (64, 96, 3)
+    assert decode(data + b"\x00" * 100, "padded.jpg", 10**6).shape == (64, 96, 3)  # trailing bytes: fine
+    last_scan = data.rfind(b"\xff\xda")
+    for cut in (len(data) - 2, len(data) - 50, last_scan + 10):
+        with pytest.raises(DecodeError, match="cut.jpg: truncated JPEG"):
+            decode(data[:cut], "cut.jpg", 10**6)
+    with pytest.raises(DecodeError, match="cut.jpg: "):  # cut before the last scan: an error that names the file
+        decode(data[:last_scan], "cut.jpg", 10**6)
+    with pytest.raises(DecodeError, match="scan.jpg: truncated JPEG"):  # a scan marker after the end: cut, then appended
+        decode(data + b"\xff\xda\x00\x08", "scan.jpg", 10**6)

@@ -147,9 +147,12 @@ def _check_jpeg_complete(data: bytes, name: str) -> None:
     """libjpeg decodes a truncated JPEG 'successfully', filling the rest with gray; refuse it instead.
 
     The end-of-image marker must follow the last start-of-scan marker (markers cannot occur inside
-    entropy-coded data, so an EXIF thumbnail's own EOI, which comes earlier, does not count)."""
-    sos = data.rfind(b"\xff\xda")
-    if sos == -1 or data.find(b"\xff\xd9", sos) == -1:
+    entropy-coded data, so an EXIF thumbnail's own EOI, which comes earlier, does not count).
+    Searched from the ends: the last EOI is normally the file's last two bytes and the first scan
+    follows the headers, so neither search crosses the entropy-coded data (an rfind for the last
+    scan does: 0.7 ms on a 350 KB photo)."""
+    eoi = data.rfind(b"\xff\xd9")
+    if eoi == -1 or data.find(b"\xff\xda", eoi) != -1 or data.find(b"\xff\xda", 0, eoi) == -1:
         raise DecodeError(name, "truncated JPEG (no end-of-image marker after the last scan)")
 
 
