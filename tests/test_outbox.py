@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import stat
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from worker.errors import WorkerError
-from worker.outbox import Outbox, inside, move_verified
+from worker.outbox import Outbox, inside, move_verified, write_atomic
 from worker.results import Classification, Mask
 
 
@@ -56,3 +59,22 @@ def test_move_across_filesystems_copies_verifies_then_deletes(tmp_path: Path) ->
         dst = move_verified(src, Path(other) / "done" / "in.jpg")
         assert dst.read_bytes() == b"x" * 100_000 and not src.exists()
         assert not list(Path(other).rglob(".tmp-*"))
+
+
+def test_outputs_get_the_usual_permissions(tmp_path: Path) -> None:
+    """0666 less the umask, like any program's output (not mkstemp's 0600): other accounts collect results."""
+    old = os.umask(0o022)
+    try:
+        Outbox(tmp_path / "out").write("a.png", Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9), {"x": 1})
+    finally:
+        os.umask(old)
+    for name in ("a.png.json", "a.png.mask.png"):
+        assert stat.S_IMODE((tmp_path / "out" / name).stat().st_mode) == 0o644, name
+
+
+def test_a_temporary_left_by_a_crash_is_overwritten(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / f".tmp-a.json.{os.getpid()}.{threading.get_native_id()}").write_bytes(b"half a file from a crash")
+    write_atomic(out / "a.json", b"{}")
+    assert (out / "a.json").read_bytes() == b"{}" and [p.name for p in out.iterdir()] == ["a.json"]

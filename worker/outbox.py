@@ -13,6 +13,7 @@ import os
 import posixpath
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -39,17 +40,25 @@ def inside(root: Path, rel: str) -> Path:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary name beside `path`, then rename it over `path`.
+
+    The file gets the usual permissions (0666 less the umask), as any program's output would: mkstemp
+    would make it 0600, unreadable to the people and services that collect results. The temporary
+    name is unique per process and thread, so the only file it can meet is one left by a crash (then
+    truncated; `remove_temporaries` clears those at start)."""
+    tmp = path.parent / f"{TMP_PREFIX}{path.name}.{os.getpid()}.{threading.get_native_id()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
+        fd = os.open(tmp, flags, 0o666)
     except FileNotFoundError:  # first file in this folder (a mkdir per file would cost a syscall each time)
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=TMP_PREFIX)
+        fd = os.open(tmp, flags, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
