@@ -282,12 +282,17 @@ class Pipeline:
 
     def _infer(self, batch: list[_Item], buf: np.ndarray) -> None:
         n = len(batch)
-        for i, item in enumerate(batch):
-            buf[i] = item.tensor
+        if n == 1 and batch[0].tensor is not None:  # a batch of one runs on its own tensor: no copy
+            x = batch[0].tensor[None]
+        else:
+            for i, item in enumerate(batch):
+                buf[i] = item.tensor
+            x = buf[:n]
+        for item in batch:
             item.tensor = None  # release the per-image input early
         t0 = time.perf_counter()
         try:
-            out = self.engine.run(buf[:n])
+            out = self.engine.run(x)
         except Exception as e:
             log.exception("inference failed for a batch of %d", n)
             for item in batch:
