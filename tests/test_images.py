@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import struct
 
 import cv2
 import numpy as np
@@ -136,3 +137,61 @@ def test_truncated_jpeg_is_refused_wherever_it_is_cut(progressive: bool, thumbna
         decode(data[:last_scan], "cut.jpg", 10**6)
     with pytest.raises(DecodeError, match="scan.jpg: truncated JPEG"):  # a scan marker after the end: cut, then appended
         decode(data + b"\xff\xda\x00\x08", "scan.jpg", 10**6)
+
+
+def _flavours() -> dict[str, tuple[bytes, bool]]:
+    """JPEGs of every common kind -> (bytes, whether the simplejpeg path takes it)."""
+    rng = np.random.default_rng(2)
+    base = cv2.GaussianBlur(rng.integers(0, 256, (61, 83, 3), dtype=np.uint8), (5, 5), 0)  # odd sizes: edge blocks
+    rgb = Image.fromarray(base[:, :, ::-1])
+
+    def pil(im: Image.Image, **kw) -> bytes:
+        buf = io.BytesIO()
+        im.save(buf, format="JPEG", **kw)
+        return buf.getvalue()
+
+    def exif(orientation: int) -> bytes:
+        e = Image.Exif()
+        e[0x0112] = orientation
+        return e.tobytes()
+
+    out = {f"subsampling {s}": (pil(rgb, quality=90, subsampling=s), True) for s in (0, 1, 2)}
+    out["progressive"] = (pil(rgb, progressive=True), True)
+    out["optimized tables"] = (pil(rgb, optimize=True), True)
+    out["gray"] = (pil(rgb.convert("L")), True)
+    out["restart markers"] = (cv2.imencode(".jpg", base, [cv2.IMWRITE_JPEG_RST_INTERVAL, 2])[1].tobytes(), True)
+    out["exif upright"] = (pil(rgb, exif=exif(1)), True)
+    for o in (3, 6, 8):
+        out[f"exif orientation {o}"] = (pil(rgb, exif=exif(o)), False)
+    for o in (1, 6):  # Motorola byte order, written by hand: header, IFD0 with one SHORT entry, next-IFD 0
+        tiff = b"MM\x00\x2a" + struct.pack(">IHHHIHHI", 8, 1, 0x0112, 3, 1, o, 0, 0)
+        out[f"exif big-endian orientation {o}"] = (pil(rgb, exif=b"Exif\x00\x00" + tiff), o == 1)
+    out["cmyk"] = (pil(rgb.convert("CMYK")), False)
+    return out
+
+
+@pytest.mark.parametrize("kind", list(_flavours()))
+def test_every_jpeg_decodes_exactly_as_opencv_does(kind: str) -> None:
+    """The fast path (simplejpeg) only takes what it decodes pixel for pixel as OpenCV; the rest goes to OpenCV."""
+    from worker.images import _jpeg_header
+
+    data, fast = _flavours()[kind]
+    header = _jpeg_header(data)
+    assert header is not None and header.plain is fast
+    assert np.array_equal(decode(data, "f.jpg", 10**6), cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR))
+
+
+def test_sample_photographs_decode_exactly_as_opencv_does(samples) -> None:
+    from worker.images import _jpeg_header
+
+    photos = [p for p in sorted(samples.iterdir()) if p.suffix in (".jpg", ".jpeg")]
+    for p in photos:
+        data = p.read_bytes()
+        assert _jpeg_header(data).plain, p.name
+        assert np.array_equal(decode(data, p.name, 10**8), cv2.imread(str(p), cv2.IMREAD_COLOR)), p.name
+    # and re-encoded at the bench's sizes and quality
+    img = cv2.imread(str(photos[0]))
+    for width in (640, 1920):
+        big = cv2.resize(img, (width, round(img.shape[0] * width / img.shape[1])), interpolation=cv2.INTER_CUBIC)
+        data = cv2.imencode(".jpg", big, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+        assert np.array_equal(decode(data, "b.jpg", 10**8), cv2.imdecode(np.frombuffer(data, np.uint8), 1))

@@ -4,6 +4,12 @@ One place knows the quirks: EXIF orientation (applied, so results are in upright
 16-bit (scaled to 8-bit), grayscale (replicated to 3 channels), RGBA (alpha dropped without
 compositing, as the reference runtimes do), palette, CMYK. The pixel limit is checked from the
 header, before the pixels are decoded, so a decompression bomb costs nothing.
+
+Plain JPEGs (Huffman-coded, 8-bit, gray or YCbCr, no EXIF rotation: nearly every photo) go to
+simplejpeg, the same libjpeg-turbo decode with the same settings as OpenCV's, with less overhead
+around it (about 15% less time on 1920 px photos, 5-10% on 640 px ones: tests/perf/hot_path.py); the
+pixels are equal, which tests/test_images.py checks.
+Everything else, and any JPEG libjpeg only warns about, is OpenCV's.
 """
 
 from __future__ import annotations
@@ -11,10 +17,12 @@ from __future__ import annotations
 import io
 import struct
 import warnings
+from dataclasses import dataclass
 from typing import Callable
 
 import cv2
 import numpy as np
+import simplejpeg
 from PIL import Image, ImageOps, UnidentifiedImageError
 
 from worker.errors import DecodeError, ImageTooLarge
@@ -25,11 +33,20 @@ cv2.setNumThreads(1)  # decode threads are ours; OpenCV's own pool would oversub
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
+_HUFFMAN_SOF = frozenset((0xC0, 0xC1, 0xC2))  # baseline, extended, progressive (not lossless, not arithmetic)
 
 
-def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) from a JPEG's start-of-frame segment, or None when it cannot be found."""
+@dataclass(frozen=True)
+class _JpegHeader:
+    width: int
+    height: int
+    plain: bool  # Huffman-coded, 8-bit, gray or 3-component, no EXIF rotation: simplejpeg decodes it as OpenCV does
+
+
+def _jpeg_header(data: bytes) -> _JpegHeader | None:
+    """The frame header of a JPEG (walking the markers up to start-of-frame), or None when not found."""
     i, n = 2, len(data)
+    orientation = 1  # as displayed unless an EXIF block says otherwise
     while i + 9 < n:
         if data[i] != 0xFF:
             return None
@@ -38,13 +55,34 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
             i += 1
             continue
         if marker in _SOF:
-            h, w = struct.unpack_from(">HH", data, i + 5)
-            return (w, h) if w and h else None
+            precision, h, w, components = struct.unpack_from(">BHHB", data, i + 4)
+            plain = marker in _HUFFMAN_SOF and precision == 8 and components in (1, 3) and orientation == 1
+            return _JpegHeader(w, h, plain) if w and h else None
         if marker == 0x01 or 0xD0 <= marker <= 0xD7:  # no length field
             i += 2
             continue
-        i += 2 + struct.unpack_from(">H", data, i + 2)[0]
+        length = struct.unpack_from(">H", data, i + 2)[0]
+        if marker == 0xE1 and data[i + 4:i + 10] == b"Exif\x00\x00":
+            # a second EXIF block, or one we cannot read: leave it to OpenCV (orientation 0 = unknown)
+            orientation = _exif_orientation(data[i + 10:i + 2 + length]) if orientation == 1 else 0
+        i += 2 + length
     return None
+
+
+def _exif_orientation(tiff: bytes) -> int:
+    """The orientation tag (0x0112) of an EXIF block's first IFD: 1 when absent, 0 when unreadable."""
+    order = {b"II": "<", b"MM": ">"}.get(tiff[:2])
+    if order is None:
+        return 0
+    try:
+        ifd = struct.unpack_from(order + "I", tiff, 4)[0]
+        for k in range(struct.unpack_from(order + "H", tiff, ifd)[0]):
+            tag, kind, count, value = struct.unpack_from(order + "HHIH", tiff, ifd + 2 + 12 * k)
+            if tag == 0x0112:
+                return value if kind == 3 and count == 1 else 0
+    except struct.error:
+        return 0
+    return 1
 
 
 def header_size(data: bytes, name: str) -> tuple[int, int] | None:
@@ -52,8 +90,8 @@ def header_size(data: bytes, name: str) -> tuple[int, int] | None:
 
     JPEG and PNG headers are read directly (this runs for every image; opening it with Pillow
     costs more than the rest of the checks together); other formats, and anything odd, go to Pillow."""
-    if data[:2] == b"\xff\xd8" and (size := _jpeg_size(data)) is not None:
-        return size
+    if data[:2] == b"\xff\xd8" and (jpeg := _jpeg_header(data)) is not None:
+        return jpeg.width, jpeg.height
     if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
         w, h = struct.unpack_from(">II", data, 16)
         if w and h:
@@ -73,11 +111,17 @@ def decode(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     """Decode to uint8 BGR (H, W, 3). Raises DecodeError or ImageTooLarge with the file name."""
     if not data:
         raise DecodeError(name, "empty file")
-    size = header_size(data, name)
+    jpeg = _jpeg_header(data) if data[:2] == b"\xff\xd8" else None
+    size = (jpeg.width, jpeg.height) if jpeg is not None else header_size(data, name)
     if size is not None:
         _check_pixels(size[0], size[1], name, max_pixels)
     if data[:2] == b"\xff\xd8":
         _check_jpeg_complete(data, name)
+        if jpeg is not None and jpeg.plain:
+            try:  # the same libjpeg-turbo decode as OpenCV's, without its per-row overhead: 15-20% faster
+                return simplejpeg.decode_jpeg(data, colorspace="BGR", fastdct=False, fastupsample=False)
+            except ValueError:  # anything libjpeg merely warns about: OpenCV's tolerance decides, below
+                pass
     elif data[:8] == _PNG_SIGNATURE:
         data = _without_colour_profile(data)
     buf = np.frombuffer(data, dtype=np.uint8)

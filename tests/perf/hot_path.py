@@ -4,7 +4,9 @@
 
 Prints microseconds per call for: normalising a 224x224 tensor (broadcast over the colour axis vs
 one channel at a time), reading an image's size (Pillow vs the header reader), encoding a 1920x1440
-mask as PNG (OpenCV vs numpy bit packing + zlib), the ledger check
+mask as PNG (OpenCV vs numpy bit packing + zlib), decoding a photo saved as a 640 px and a 1920 px
+JPEG (OpenCV vs `decode`, which hands plain JPEGs to simplejpeg), the truncated-JPEG check (a
+backward search for the last scan vs searches from both ends), the ledger check
 (SQLAlchemy `execute` vs the compiled statement on a DB-API connection), and one recorder
 transaction with a claim.
 """
@@ -23,9 +25,10 @@ import numpy as np
 from PIL import Image
 from sqlalchemy import bindparam, select
 
-from worker.images import header_size
+from worker.images import _check_jpeg_complete, decode, header_size
 from worker.maskpng import encode_mask_png
 from worker.models.card import Preprocess
+from worker.samples import fetch_samples
 from worker.store.db import open_db
 from worker.store.ledger import Ledger
 from worker.store.recorder import Claimed, Recorder, RunInfo
@@ -68,6 +71,23 @@ def main() -> None:
     rows += [("mask 1920x1440 to PNG, OpenCV 8-bit (old)",
               per_call_us(lambda i: cv2.imencode(".png", mask.astype(np.uint8) * 255), n=20)),
              ("mask 1920x1440 to PNG, numpy bit packing + zlib (new)", per_call_us(lambda i: encode_mask_png(mask), n=20))]
+    photo = decode((fetch_samples(Path(__file__).parents[2] / ".cache/worker") / "chelsea.png").read_bytes(), "c", 10**8)
+    for width in (640, 1920):  # as `worker bench` makes its corpora: resized, JPEG quality 90
+        big = cv2.resize(photo, (width, round(photo.shape[0] * width / photo.shape[1])), interpolation=cv2.INTER_CUBIC)
+        jpg = cv2.imencode(".jpg", big, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+        assert np.array_equal(decode(jpg, "x", 10**8), cv2.imdecode(np.frombuffer(jpg, np.uint8), cv2.IMREAD_COLOR))
+
+        def old_check(i: int, jpg: bytes = jpg) -> bool:
+            return jpg.find(b"\xff\xd9", jpg.rfind(b"\xff\xda")) != -1
+
+        n = 200 if width == 640 else 30
+        rows += [(f"decode {big.shape[1]}x{big.shape[0]} JPEG, OpenCV imdecode (old)",
+                  per_call_us(lambda i, j=jpg: cv2.imdecode(np.frombuffer(j, np.uint8), cv2.IMREAD_COLOR), n=n)),
+                 (f"decode {big.shape[1]}x{big.shape[0]} JPEG, worker.images.decode (new)",
+                  per_call_us(lambda i, j=jpg: decode(j, "x", 10**8), n=n)),
+                 (f"truncated-JPEG check, {len(jpg) // 1000} KB, backward search (old)", per_call_us(old_check)),
+                 (f"truncated-JPEG check, {len(jpg) // 1000} KB, from both ends (new)",
+                  per_call_us(lambda i, j=jpg: _check_jpeg_complete(j, "x")))]
     with tempfile.TemporaryDirectory() as tmp:
         db = open_db(f"sqlite:///{Path(tmp) / 'p.db'}")
         lookup = select(ImageRow.status, ImageRow.attempts, ImageRow.error).where(
