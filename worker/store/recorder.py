@@ -36,6 +36,38 @@ GROUP_S = 0.05
 _UNCLAIMED: Any = object()
 
 
+class _Hot:
+    """A statement the recorder runs for every image, compiled once for the engine's dialect and run
+    with executemany on the DB-API cursor of the recorder's connection (inside its transaction).
+
+    SQLAlchemy's SQL and type conversions are kept (its bind processors: UTC datetimes, JSON); what
+    is skipped is its per-execute machinery (statement cache lookup, row-by-row parameter processing
+    through generic code), which cost more than SQLite itself (see tests/perf/hot_path.py)."""
+
+    def __init__(self, stmt: Any, dialect: Any) -> None:
+        compiled = stmt.compile(dialect=dialect)
+        self.sql = compiled.string
+        names = list(compiled.positiontup) if dialect.positional else list(compiled.construct_params())
+        self._names = names
+        self._positional = bool(dialect.positional)
+        # (key, literal value) per parameter: key for the caller's bindparam("key"), else the statement's own literal
+        binds = [compiled.binds[n] for n in names]
+        self._fields = [(n if b.required else None, b.value) for n, b in zip(names, binds)]
+        self._procs = [b.type.dialect_impl(dialect).bind_processor(dialect) for b in binds]
+
+    def run(self, conn: Connection, params: list[dict[str, Any]]) -> None:
+        rows: list[Any] = []
+        for p in params:
+            values = [p[k] if k is not None else v for k, v in self._fields]  # KeyError: a caller bug, loud
+            values = [f(x) if f is not None else x for f, x in zip(self._procs, values)]
+            rows.append(values if self._positional else dict(zip(self._names, values)))
+        cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.executemany(self.sql, rows)
+        finally:
+            cursor.close()
+
+
 @dataclass(frozen=True)
 class RunInfo:
     mode: str
@@ -186,6 +218,12 @@ class Recorder:
         self._finish = update(IMAGES).where(IMAGES.c.id == bindparam("image_id")).values(
             status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"),
             attempts=case((IMAGES.c.attempts == 0, 1), else_=IMAGES.c.attempts))
+        dialect = self.engine.dialect
+        self._hot = {k: _Hot(st, dialect) for k, st in (("upsert", self._upsert), ("finish", self._finish))}
+        for table, columns in ((RESULTS, ("image_id", "task", "score", "payload", "json_path", "mask_path")),
+                               (LABELS, ("image_id", "class_id", "name", "score")),
+                               (TIMINGS, tuple(c.key for c in TIMINGS.columns))):
+            self._hot[table.name] = _Hot(insert(table).values({c: bindparam(c) for c in columns}), dialect)
 
     def _write(self, batch: list[Event]) -> None:
         """One transaction per batch; prepared statements and executemany, since this runs for every image."""
@@ -231,14 +269,14 @@ class Recorder:
                 if e.timings is not None:
                     rows[TIMINGS].append(dict(image_id=image_id, run_id=self.run_id, **e.timings))
             if finished:
-                conn.execute(self._finish, list(finished.values()))
+                self._hot["finish"].run(conn, list(finished.values()))
             if stale:
                 for table in (RESULTS, LABELS, TIMINGS):
                     conn.execute(delete(table).where(table.c.image_id.in_(sorted(stale))))
             for table in (RESULTS, LABELS, TIMINGS):
                 values = [r for rows in per_image.values() for r in rows[table]]
                 if values:
-                    conn.execute(insert(table), values)
+                    self._hot[table.name].run(conn, values)
             if samples:
                 conn.execute(insert(SAMPLES), samples)
 
@@ -253,7 +291,7 @@ class Recorder:
         earlier result rows to replace."""
         if not claims:
             return {}
-        conn.execute(self._upsert, claims)
+        self._hot["upsert"].run(conn, claims)
         wanted = {(c["rel"], c["sha"]) for c in claims}
         rows = conn.execute(self._ids, {"model": self.model, "rels": sorted({rel for rel, _ in wanted})})
         return {(r.rel_path, r.sha256): (r.id, r.created_at == now) for r in rows if (r.rel_path, r.sha256) in wanted}
