@@ -179,3 +179,35 @@ def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path)
     with db.connect() as c:
         assert sorted(c.scalars(select(ImageRow.rel_path))) == ["0.png", "1.png", "2.png"]
     db.dispose()
+
+
+def test_recorder_commits_never_checkpoint_the_wal_its_own_thread_does(tmp_path: Path, monkeypatch) -> None:
+    """SQLite checkpoints inside the commit that crosses 1000 WAL pages (fsync included: a 15 ms stall of
+    the writer, and of any claim waiting on it); the recorder's connection leaves that to `checkpoint`."""
+    from worker.jobs import JobStatus
+    from worker.store import recorder as R
+
+    monkeypatch.setattr(R, "CHECKPOINT_S", 3600.0)  # the periodic thread stays idle in this test
+    path = tmp_path / "w.db"
+    db = open_db(f"sqlite:///{path}")
+    rec = R.Recorder(db, R.RunInfo("run", "/x", "m", "", "cpu", {}))
+    timings = dict(queue_wait_ms=1, decode_ms=1, preprocess_ms=1, infer_ms=1, postprocess_ms=1, write_ms=1,
+                   total_ms=1, batch_size=1)
+    payload = {"labels": ["x" * 100] * 20}  # about 2 KB per result row
+    for k in range(60):  # one transaction per 50 images, as under load
+        batch: list = []
+        for i in range(50 * k, 50 * (k + 1)):
+            batch += [R.Claimed(f"{i}.png", "s" * 64, 10),
+                      R.Finished(f"{i}.png", "s" * 64, 10, JobStatus.DONE, task="classify", score=0.5,
+                                 payload=payload, labels=((1, "cat", 0.5),) * 5, timings=timings)]
+        rec._write(batch)
+    page = 4096
+    assert path.with_name("w.db-wal").stat().st_size > 1500 * page  # no commit checkpointed (or it would restart)
+    raw = db.raw_connection()
+    try:
+        busy, frames, copied = R.checkpoint(raw)
+    finally:
+        raw.close()
+    assert busy == 0 and frames == copied > 1500
+    rec.close()
+    db.dispose()
