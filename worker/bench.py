@@ -109,8 +109,9 @@ def median(values: list[float]) -> float:
 def make_corpus(samples: Path, width: int, count: int, dest: Path) -> list[Path]:
     """`count` JPEGs `width` px wide, cycling through the sample photographs."""
     dest.mkdir(parents=True, exist_ok=True)
-    sources = [cv2.imread(str(p)) for p in sorted(samples.iterdir()) if p.suffix in (".png", ".jpg")]
-    sources = [s for s in sources if s is not None and s.shape[1] >= 300]
+    # the worker's own decoder: OpenCV's imread would print libpng's colour-profile warnings
+    sources = [decode(p.read_bytes(), p.name, 0) for p in sorted(samples.iterdir()) if p.suffix in (".png", ".jpg")]
+    sources = [s for s in sources if s.shape[1] >= 300]
     out = []
     for i in range(count):
         img = sources[i % len(sources)]
