@@ -239,7 +239,6 @@ class Recorder:
         finally:
             conn.close()
 
-
     def _statements(self) -> None:
         """Built once with bind parameters: building SQLAlchemy statements per image costs more than running them."""
         now, run = bindparam("now"), bindparam("run_id")
