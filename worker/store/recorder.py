@@ -155,8 +155,9 @@ class Recorder:
         self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
         self._thread.start()
         self._stop_checkpoints = threading.Event()
-        self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="recorder-checkpoint", daemon=True)
+        self._checkpointer: threading.Thread | None = None
         if self._sqlite:
+            self._checkpointer = threading.Thread(target=self._checkpoint_loop, name="recorder-checkpoint", daemon=True)
             self._checkpointer.start()
 
     def put(self, event: Event) -> None:
@@ -170,7 +171,7 @@ class Recorder:
         self._queue.put(_STOP)
         self._thread.join()
         self._stop_checkpoints.set()
-        if self._checkpointer.is_alive():
+        if self._checkpointer is not None:
             self._checkpointer.join()
         self._release(self._conn)
         with Session(self.engine) as s, s.begin():
@@ -246,18 +247,18 @@ class Recorder:
             run_id=run, rel_path=bindparam("rel"), sha256=bindparam("sha"), model=bindparam("model"),
             size=bindparam("size"), status=bindparam("status"), attempts=bindparam("inc"), error=None,
             created_at=now, updated_at=now)
-        self._upsert = ins.on_conflict_do_update(
+        upsert = ins.on_conflict_do_update(
             index_elements=[IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.model],
             set_=dict(run_id=ins.excluded.run_id, status=ins.excluded.status, error=None,
                       updated_at=ins.excluded.updated_at, attempts=IMAGES.c.attempts + ins.excluded.attempts),
         )
         self._ids = select(IMAGES.c.id, IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.created_at).where(
             IMAGES.c.model == bindparam("model"), IMAGES.c.rel_path.in_(bindparam("rels", expanding=True)))
-        self._finish = update(IMAGES).where(IMAGES.c.id == bindparam("image_id")).values(
+        finish = update(IMAGES).where(IMAGES.c.id == bindparam("image_id")).values(
             status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"),
             attempts=case((IMAGES.c.attempts == 0, 1), else_=IMAGES.c.attempts))
         dialect = self.engine.dialect
-        self._hot = {k: _Hot(st, dialect) for k, st in (("upsert", self._upsert), ("finish", self._finish))}
+        self._hot = {"upsert": _Hot(upsert, dialect), "finish": _Hot(finish, dialect)}
         for table, columns in ((RESULTS, ("image_id", "task", "score", "payload", "json_path", "mask_path")),
                                (LABELS, ("image_id", "class_id", "name", "score")),
                                (TIMINGS, tuple(c.key for c in TIMINGS.columns))):
