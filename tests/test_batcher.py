@@ -92,7 +92,7 @@ class FakeEngine:
         return np.repeat(batch.mean(axis=(1, 2, 3))[:, None], 3, axis=1).astype(np.float32)
 
 
-def test_pipeline_with_batches_finishes_every_job_once(cfg, tmp_path: Path) -> None:
+def test_pipeline_with_batches_finishes_every_job_once(cfg, tmp_path: Path, monkeypatch) -> None:
     import cv2
 
     from worker.jobs import Job
@@ -110,6 +110,9 @@ def test_pipeline_with_batches_finishes_every_job_once(cfg, tmp_path: Path) -> N
     for i in range(60):
         cv2.imwrite(str(folder / f"{i}.png"), np.full((10, 12, 3), i * 4, np.uint8))
     db = open_db(cfg.db)
+    # the recorder gathers events for an hour: a decode thread that waits for a claim's commit without
+    # hurrying the recorder would stall the run (at start, every claim is waited for)
+    monkeypatch.setattr("worker.store.recorder.GROUP_S", 3600.0)
     engine = FakeEngine()
     recorder = Recorder(db, RunInfo("run", str(folder), "fake", "", "fake", {}))
     settings = Settings(decode_workers=3, infer_workers=2, max_batch=4, max_delay_ms=5, queue_size=4,

@@ -153,7 +153,8 @@ def test_recorder_same_image_twice_in_one_batch(tmp_path: Path) -> None:
 
 def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path) -> None:
     """The decode stage waits for a claim's commit, so an image that kills the worker while it is
-    decoded has its attempt on record. Grouped (not urgent) claims are committed too."""
+    decoded has its attempt on record. Claims are committed when someone hurries the recorder and,
+    grouped, when nobody does."""
     import threading
 
     from sqlalchemy import select
@@ -166,9 +167,11 @@ def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path)
     rec = Recorder(db, RunInfo("run", "/x", "m", "", "cpu", {}))
     ledger = Ledger(db, "m")
     try:
-        for i, urgent in enumerate((True, False, False)):
+        for i, hurry in enumerate((True, False, True)):
             committed = threading.Event()
-            rec.put(Claimed(f"{i}.png", "s" * 64, 10, committed, urgent=urgent))
+            rec.put(Claimed(f"{i}.png", "s" * 64, 10, committed))
+            if hurry:
+                rec.hurry()
             assert committed.wait(10)
             known = ledger.check(f"{i}.png", "s" * 64)  # another connection sees it: it is committed
             assert known is not None and (known.status, known.attempts) == ("processing", 1)
@@ -178,6 +181,28 @@ def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path)
         rec.close()
     with db.connect() as c:
         assert sorted(c.scalars(select(ImageRow.rel_path))) == ["0.png", "1.png", "2.png"]
+    db.dispose()
+
+
+def test_recorder_hurry_writes_at_once_whatever_the_grouping(tmp_path: Path, monkeypatch) -> None:
+    """A thread about to wait for a commit hurries the recorder: with grouping set to an hour, the
+    claim is still committed (and the events queued before it with it)."""
+    import threading
+
+    from worker.store import recorder as recorder_mod
+    from worker.store.recorder import Claimed, Recorder, RunInfo
+
+    monkeypatch.setattr(recorder_mod, "GROUP_S", 3600.0)
+    db = open_db(f"sqlite:///{tmp_path / 'h.db'}")
+    rec = Recorder(db, RunInfo("run", "/x", "m", "", "cpu", {}))
+    try:
+        events = [threading.Event() for _ in range(3)]
+        for i, committed in enumerate(events):
+            rec.put(Claimed(f"{i}.png", "s" * 64, 10, committed))
+        rec.hurry()
+        assert all(e.wait(10) for e in events)
+    finally:
+        rec.close()
     db.dispose()
 
 

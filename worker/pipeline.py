@@ -243,15 +243,16 @@ class Pipeline:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
         item.committed = threading.Event()
-        # urgent when no other job waits: an idle pipeline commits at once, a busy one groups claims
-        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed, urgent=self._jobs.empty()))
+        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed))
         return True
 
     def _decode(self, item: _Item) -> bool:
         job, data = item.job, item.data
         assert data is not None and item.committed is not None
         item.data = None
-        item.committed.wait()  # the attempt is on record before decoding: a crash in the decoder counts
+        if not item.committed.is_set():
+            self.recorder.hurry()  # nothing else to do here: no point in the recorder gathering more
+            item.committed.wait()  # the attempt is on record before decoding: a crash in the decoder counts
         t0 = time.perf_counter()
         item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
         if self.settings.jpeg_reduce and not self.settings.keep_image:

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 256  # events per transaction
 # a transaction costs about 1 ms of Python whatever its size: under load, gather events this long
 # before writing, so the recorder does not commit for every event (rows lag by at most this).
-# An urgent claim (someone waits for it and the pipeline is idle) is written as soon as the queue is empty.
+# A thread about to wait for a commit calls `hurry()`: what is queued is then written at once.
 GROUP_S = 0.05
 # SQLite copies its write-ahead log into the database file every 1000 pages, inside the commit that
 # crosses the mark, fsync included: a 14-19 ms stall here, and in watch mode the image whose claim waited
@@ -88,13 +88,12 @@ class Claimed:
     """An image is about to be processed: status processing, attempts + 1.
 
     The decode stage waits for `committed`, so an image that kills the worker while it is decoded
-    has its attempt on record. `urgent`: write without waiting for more events (see GROUP_S)."""
+    has its attempt on record."""
 
     rel: str
     sha256: str
     size: int
     committed: threading.Event | None = None
-    urgent: bool = True
 
 
 @dataclass(frozen=True, eq=False)
@@ -129,6 +128,7 @@ class Sample:
 
 Event = Union[Claimed, Finished, Sample]
 _STOP = object()
+_HURRY = object()  # someone waits for a commit: write without gathering (see GROUP_S)
 
 
 class Recorder:
@@ -163,6 +163,11 @@ class Recorder:
     def put(self, event: Event) -> None:
         self._queue.put(event)
 
+    def hurry(self) -> None:
+        """Write what is queued now instead of gathering for up to GROUP_S: the caller is about to
+        wait for a `committed` flag (a decode thread with nothing else to do, an idle watcher's image)."""
+        self._queue.put(_HURRY)
+
     def depth(self) -> int:
         return self._queue.qsize()
 
@@ -182,17 +187,18 @@ class Recorder:
         while not stop:
             batch = [self._queue.get()]
             deadline = time.monotonic() + GROUP_S
-            urgent = _awaited_claim(batch[0])
+            urgent = batch[0] is _HURRY
             while len(batch) < MAX_BATCH and batch[-1] is not _STOP:
                 try:
                     wait = 0.0 if urgent else deadline - time.monotonic()
                     batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
                 except queue.Empty:
                     break
-                urgent = urgent or _awaited_claim(batch[-1])
-            if batch[-1] is _STOP or _STOP in batch:
-                stop = True
-                batch = [e for e in batch if e is not _STOP]
+                urgent = urgent or batch[-1] is _HURRY
+            stop = _STOP in batch
+            batch = [e for e in batch if e is not _STOP and e is not _HURRY]
+            if not batch:
+                continue
             try:
                 self._write(batch)
             except Exception:  # one bad batch must not stop the recorder: retry events one by one
@@ -334,10 +340,6 @@ class Recorder:
         wanted = {(c["rel"], c["sha"]) for c in claims}
         rows = conn.execute(self._ids, {"model": self.model, "rels": sorted({rel for rel, _ in wanted})})
         return {(r.rel_path, r.sha256): (r.id, r.created_at == now) for r in rows if (r.rel_path, r.sha256) in wanted}
-
-
-def _awaited_claim(e: Any) -> bool:
-    return isinstance(e, Claimed) and e.committed is not None and e.urgent
 
 
 def checkpoint(dbapi_conn: Any) -> tuple[int, int, int]:
