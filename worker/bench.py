@@ -5,7 +5,8 @@ For each corpus (the demo images resized to 640 and 1920 px wide, saved as JPEG)
      and, on the corpus's own tensors, 1 thread alone and one 1-thread run per core at once
      ("parallel": what the pipeline's inference threads do; memory-heavy models do not scale to
      cores x the 1-thread rate);
-  B  the naive sequential loop a user would write (read, decode, preprocess, run, postprocess, write JSON);
+  B  the naive sequential loop a user would write (read, decode, preprocess, run, postprocess, write JSON
+     into a new folder, as C does);
   C  `worker run` itself (a fresh process), default config, database and outbox writes on;
 and the per-stage costs on one thread (20 images), from which the limit is
   limit          = cores / (1/bare_1_thread + t_decode + t_preprocess + t_postprocess)   (the issue's)
@@ -233,7 +234,9 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         rounds_seen: list[_Round] = []
         for k in range(rounds):
             before = machine()
-            naive = _naive_loop(files, adapter, session, iname, out_name, work / f"naive-{model}-{width}")
+            # each round's B writes new files, as C does: rewriting last round's files costs no inode
+            # allocation, which on this machine's ext4 is 0.3-0.9 ms per file (see README)
+            naive = _naive_loop(files, adapter, session, iname, out_name, work / f"naive-{model}-{width}-{k}")
             # C: `worker run` itself in a fresh process (its peak RSS is its own), default config,
             # fresh database and outbox each time
             c = dataclasses.replace(cfg, model=model, outbox=work / f"out-{model}-{width}-{k}",
