@@ -52,12 +52,15 @@ class _Hot:
     def __init__(self, stmt: Any, dialect: Any) -> None:
         compiled = stmt.compile(dialect=dialect)
         self.sql = compiled.string
-        names = list(compiled.positiontup) if dialect.positional else list(compiled.construct_params())
-        self._names = names
         self._positional = bool(dialect.positional)
+        if self._positional:  # SQLite's qmark: one value per placeholder, in the order of the SQL
+            binds = [compiled.binds[n] for n in compiled.positiontup]
+            self._names: list[str] = []
+        else:  # PostgreSQL drivers' pyformat: a dict keyed by the names the SQL uses
+            binds = list(compiled.bind_names)
+            self._names = [compiled.escaped_bind_names.get(n, n) for n in compiled.bind_names.values()]
         # (key, literal value) per parameter: key for the caller's bindparam("key"), else the statement's own literal
-        binds = [compiled.binds[n] for n in names]
-        self._fields = [(n if b.required else None, b.value) for n, b in zip(names, binds)]
+        self._fields = [(b.key if b.required else None, b.value) for b in binds]
         self._procs = [b.type.dialect_impl(dialect).bind_processor(dialect) for b in binds]
 
     def run(self, conn: Connection, params: list[dict[str, Any]]) -> None:

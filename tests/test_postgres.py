@@ -1,0 +1,103 @@
+"""The database layer on a real PostgreSQL server: migrations, the recorder's compiled statements (named
+parameters there, positional on SQLite), the ledger's skip check and the queries.
+
+A throwaway server is started in a temporary folder (Unix socket only) when PostgreSQL's binaries and
+psycopg are on the machine; otherwise the tests are skipped, saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import func, select, text
+
+from worker.service import run_folder
+from worker.store.db import open_db
+from worker.store.queries import run_stats
+from worker.store.schema import ImageRow, LabelRow, ResultRow, TimingRow
+
+
+def _pg_bin(name: str) -> str | None:
+    found = shutil.which(name)
+    if found:
+        return found
+    candidates = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
+    return candidates[-1] if candidates else None
+
+
+@pytest.fixture(scope="module")
+def pg_url() -> Iterator[str]:
+    pytest.importorskip("psycopg", reason="psycopg not installed (pip install -e '.[postgres]')")
+    initdb, pg_ctl = _pg_bin("initdb"), _pg_bin("pg_ctl")
+    if initdb is None or pg_ctl is None:
+        pytest.skip("PostgreSQL's initdb/pg_ctl not found")
+    # directly under /tmp: the server's user must be able to reach it (pytest's own folders are 0700)
+    base = Path(tempfile.mkdtemp(prefix="worker-pg-"))
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # the server refuses to run as root: run it as the postgres user
+        import pwd
+
+        try:
+            owner = pwd.getpwnam("postgres")
+        except KeyError:
+            shutil.rmtree(base)
+            pytest.skip("running as root and there is no postgres user to run the server")
+        os.chown(base, owner.pw_uid, owner.pw_gid)
+        as_user = ["runuser", "-u", "postgres", "--"]
+    data, port = base / "data", 54000 + os.getpid() % 1000
+    try:
+        subprocess.run([*as_user, initdb, "-D", str(data), "-A", "trust", "-U", "worker"], check=True,
+                       capture_output=True)
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-l", str(base / "log"), "-w", "start", "-o",
+                        f"-k {base} -p {port} -c listen_addresses=''"], check=True, capture_output=True)
+        yield f"postgresql+psycopg://worker@/postgres?host={base}&port={port}"
+    finally:
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Path, pg_url: str) -> None:
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("rocket.jpg", "coffee.png", "chelsea.png"):
+        shutil.copy(samples / name, folder / name)
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
+    c = dataclasses.replace(cfg, model="efficientnet-lite0", db=pg_url)
+
+    first = run_folder(c, folder)
+    assert (first.figures["done"], first.figures["failed"]) == (3, 1)
+    second = run_folder(c, folder)  # the ledger's check on PostgreSQL: done images skipped, the failed one retried
+    assert (second.figures["done"], second.figures["failed"], second.figures["skipped"]) == (0, 1, 3)
+
+    db = open_db(pg_url)
+    try:
+        with db.connect() as conn:
+            rows = {r.rel_path: r for r in conn.execute(select(ImageRow))}
+            assert rows["broken.jpg"].status == "failed" and rows["broken.jpg"].attempts == 2
+            assert rows["rocket.jpg"].status == "done" and rows["rocket.jpg"].attempts == 1
+            assert conn.scalar(select(func.count()).select_from(ResultRow)) == 3
+            assert conn.scalar(select(func.count()).select_from(LabelRow)) == 3 * 5  # top-5 per image
+            # a retried image's rows replace its earlier ones (the statements that delete them ran here too)
+            assert conn.scalar(select(func.count()).select_from(TimingRow)) == 4
+            # the payload is JSONB: PostgreSQL can reach into it
+            tasks = conn.scalars(text("SELECT DISTINCT payload->>'task' FROM results")).all()
+            assert tasks == ["classify"]
+            top = conn.scalar(select(LabelRow.name).join(ImageRow, ImageRow.id == LabelRow.image_id)
+                              .where(ImageRow.rel_path == "chelsea.png").order_by(LabelRow.score.desc()).limit(1))
+            outbox_top = json.loads((c.outbox / "chelsea.png.json").read_text())["labels"][0]["name"]
+            assert top == outbox_top
+        (stats,) = run_stats(db, run_id=first.run_id, warmup_s=0)  # an image counts in the run that last had it
+        assert stats["counts"] == {"done": 3} and stats["latency_ms"]["total_ms"]["p50"] > 0
+        (stats,) = run_stats(db, run_id=second.run_id, warmup_s=0)
+        assert stats["counts"] == {"failed": 1}
+    finally:
+        db.dispose()
