@@ -61,7 +61,8 @@ def pg_url() -> Iterator[str]:
                         f"-k {base} -p {port} -c listen_addresses=''"], check=True, capture_output=True)
         yield f"postgresql+psycopg://worker@/postgres?host={base}&port={port}"
     finally:
-        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True, check=False)
+        subprocess.run([*as_user, pg_ctl, "-D", str(data), "-m", "immediate", "stop"], capture_output=True,
+                       check=False)
         shutil.rmtree(base, ignore_errors=True)
 
 
