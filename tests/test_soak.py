@@ -79,3 +79,19 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
                                    "--images", str(folder)])
     assert "RSS after warm-up" in out.output and "latency ms: start p50" in out.output and "verdict:" in out.output
     assert out.exit_code == (0 if "PASS" in out.output else 1)
+
+
+def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:
+    from worker.service import judge_memory
+
+    def judge(late: float, minutes: float) -> tuple[list[str], list[str], list[str]]:
+        return judge_memory({"late_slope_mb_per_h": late, "late_span_s": minutes * 60}, limit=2.0, warmup_s=60)
+
+    # 7 minutes resolve only slopes above about 1 MB / (7/60 h) = 8.6 MB/h
+    assert judge(0.6, 7)[:2] == ([], []) and "resolves only slopes above about 9 MB/h" in judge(0.6, 7)[2][0]
+    failures, inconclusive, _ = judge(2.8, 7)
+    assert failures == [] and "2.80 MB/h" in inconclusive[0] and "soak for 1.0 h or more" in inconclusive[0]
+    assert "RSS grows 50.00 MB/h" in judge(50.0, 7)[0][0]
+    # an hour resolves 1 MB/h: the same 2.8 MB/h is a leak shown, 1.0 MB/h a plain pass
+    assert "RSS grows 2.80 MB/h" in judge(2.8, 60)[0][0] and judge(1.0, 60) == ([], [], [])
+    assert "too few memory samples" in judge(float("nan"), 0)[0][0]

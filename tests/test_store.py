@@ -71,6 +71,33 @@ def test_percentiles_and_slope() -> None:
     assert slope_per_hour([0, 1], [1, 2]) != slope_per_hour([0, 1], [1, 2])  # nan with too few points
 
 
+def test_memory_trend_judges_the_second_half_after_warm_up(tmp_path: Path) -> None:
+    """Settling steps early in a run move the whole-window slope, not the second half's; a leak moves both."""
+    from sqlalchemy.orm import Session
+
+    from worker.store.schema import MemorySample, Run
+
+    db = open_db(f"sqlite:///{tmp_path / 'w.db'}")
+    t0 = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    # 15 minutes sampled every 5 s, as a soak here measured it: settling = 200 MB, +1.2 MB at 4 min,
+    # +0.8 MB at 5 min, then flat; leak = 200 MB growing 10 MB/h throughout
+    shapes = {"settling": lambda s: 200 + 1.2 * (s >= 240) + 0.8 * (s >= 300), "leak": lambda s: 200 + 10 * s / 3600}
+    with Session(db) as session:
+        for name, rss_mb in shapes.items():
+            run = Run(mode="soak", host="h", pid=1, root="/", model=name, model_sha256="", providers="cpu",
+                      config={}, version="0", started_at=t0, finished_at=t0 + timedelta(minutes=15))
+            session.add(run)
+            session.flush()
+            session.add_all(MemorySample(run_id=run.id, at=t0 + timedelta(seconds=s), rss_bytes=int(rss_mb(s) * 2**20),
+                                         fds=10, threads=10, queue_depth=0, images_done=s) for s in range(0, 900, 5))
+        session.commit()
+    trend = {r["model"]: r["memory"] for r in run_stats(db, last=2, warmup_s=180)}
+    db.dispose()
+    assert trend["settling"]["slope_mb_per_h"] > 2 and trend["settling"]["late_slope_mb_per_h"] == 0
+    assert abs(trend["leak"]["slope_mb_per_h"] - 10) < 0.01 and abs(trend["leak"]["late_slope_mb_per_h"] - 10) < 0.01
+    assert trend["leak"]["late_samples"] == trend["leak"]["steady_samples"] // 2
+
+
 def test_latency_window_is_bounded_and_ordered() -> None:
     from worker.metrics import LatencyWindow
 

@@ -219,19 +219,22 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
 @click.option("--last", type=int, default=5, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @click.option("--db", "db", help="Database URL (overrides config).")
+@click.option("--warmup", default=None, help="Left out of the RSS slopes: 90s, 10m (default: metrics.warmup_s).")
 @click.pass_context
-def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str | None) -> None:
+def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str | None, warmup: str | None) -> None:
     """Per-run counts, throughput, per-stage latency percentiles and memory trend.
 
     \b
     Example:
       worker stats --last 3
+      worker stats --run 12 --warmup 10m
     """
     from worker.store.db import open_db
     from worker.store.queries import run_stats
 
     cfg = _load(ctx, db=db)
-    runs = run_stats(open_db(cfg.db), run_id=run_id, last=last, warmup_s=cfg.metrics.warmup_s)
+    warm = _duration(warmup) if warmup else cfg.metrics.warmup_s
+    runs = run_stats(open_db(cfg.db), run_id=run_id, last=last, warmup_s=warm)
     if fmt == "json":
         click.echo(json.dumps(runs, indent=1))
         return
@@ -246,7 +249,8 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
             click.echo(f"  {stage:<15}{p['p50']:>8}  {p['p95']:>8}  {p['p99']:>8}")
         if m["samples"]:
             click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), "
-                       f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up")
+                       f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up, "
+                       f"{m['late_slope_mb_per_h']} MB/h over their second half")
 
 
 def _duration(value: str) -> float:
@@ -270,8 +274,10 @@ def _duration(value: str) -> float:
 def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **overrides: Any) -> None:
     """Replay images through the full pipeline for a long time and judge memory and latency.
 
-    Prints the steady-state RSS slope (MB/hour, least squares after warm-up), growth, and p50/p99
-    latency at the start and the end; exits 1 when a soak.* threshold in the config is exceeded.
+    Prints the RSS slope (MB/hour, least squares after warm-up, and over the second half of that,
+    which is judged), growth, and p50/p99 latency at the start and the end; exits 1 when a soak.*
+    threshold in the config is exceeded (FAIL), or when the run was too short to tell a slope over
+    the limit from RSS noise (INCONCLUSIVE).
 
     \b
     Example:
@@ -284,14 +290,17 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
         v = run_soak(cfg, images, _duration(duration), stop, warmup_s=_duration(warmup) if warmup else None)
     click.echo(f"soak run {v.run_id}: {v.images} images in {v.seconds} s ({v.images / max(v.seconds, 1e-9):.1f} images/s)")
     click.echo(f"  RSS after warm-up: {v.rss_start_mb} -> {v.rss_end_mb} MB (growth {v.rss_end_mb - v.rss_start_mb:+.1f} MB, "
-               f"peak {v.rss_peak_mb} MB), slope {v.rss_slope_mb_per_h:.2f} MB/h over {v.samples} samples")
+               f"peak {v.rss_peak_mb} MB), slope {v.rss_slope_mb_per_h:.2f} MB/h over {v.samples} samples, "
+               f"{v.rss_late_slope_mb_per_h:.2f} MB/h over their second half (judged)")
     click.echo(f"  latency ms: start p50 {v.p50_start_ms:.1f} p99 {v.p99_start_ms:.1f}; "
                f"end p50 {v.p50_end_ms:.1f} p99 {v.p99_end_ms:.1f}")
+    for note in v.notes:
+        click.echo(f"  note: {note}")
     if v.passed:
         click.echo("  verdict: PASS (memory and latency flat within the configured limits)")
     else:
-        for f in v.failures:
-            click.echo(f"  verdict: FAIL: {f}")
+        for reason in v.failures or v.inconclusive:
+            click.echo(f"  verdict: {v.verdict}: {reason}")
         sys.exit(1)
 
 

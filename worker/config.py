@@ -64,7 +64,7 @@ class OutputConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     memory_sample_s: float = 5.0  # memory sample period
-    warmup_s: float = 60.0  # samples before this are left out of the RSS slope
+    warmup_s: float = 60.0  # samples before this are left out of the RSS slopes
 
 
 @dataclass(frozen=True)

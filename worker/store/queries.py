@@ -117,9 +117,14 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any]
         secs = [(s.at - t0).total_seconds() for s in samples]
         mb = [s.rss_bytes / 2**20 for s in samples]
         steady = [(t, m) for t, m in zip(secs, mb) if t >= warmup_s]
+        # the second half of the steady state: a leak still grows there, while the allocator's and
+        # onnxruntime's settling steps (a few MB, in the first minutes) are behind it (see README: soak)
+        late = [(t, m) for t, m in steady if t >= (steady[0][0] + steady[-1][0]) / 2] if steady else []
         memory.update(rss_start_mb=round(mb[0], 1), rss_end_mb=round(mb[-1], 1), rss_peak_mb=round(max(mb), 1),
                       slope_mb_per_h=round(slope_per_hour([t for t, _ in steady], [m for _, m in steady]), 3),
-                      steady_samples=len(steady))
+                      steady_samples=len(steady),
+                      late_slope_mb_per_h=round(slope_per_hour([t for t, _ in late], [m for _, m in late]), 3),
+                      late_samples=len(late), late_span_s=round(late[-1][0] - late[0][0], 1) if late else 0.0)
         if steady:  # the first and last sample after the warm-up: what a soak compares
             memory.update(steady_start_mb=round(steady[0][1], 1), steady_end_mb=round(steady[-1][1], 1))
     return {"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
