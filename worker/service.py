@@ -237,7 +237,8 @@ def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[li
     late = mem.get("late_slope_mb_per_h", float("nan"))
     span_h = mem.get("late_span_s", 0.0) / 3600
     resolved = RSS_NOISE_MB / span_h if span_h > 0 else math.inf  # MB/h this window tells from noise
-    longer = f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
+    longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
+              if limit > 0 else "no soak resolves a limit of 0 MB/h")
     if math.isnan(late):
         failures.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend")
     elif late > max(limit, resolved):
