@@ -21,7 +21,7 @@ DRIVER = """
 import dataclasses, json, sys
 from pathlib import Path
 from worker.config import load
-from worker.service import soak
+from worker.soak import soak
 
 conf, folder, leak_bytes = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 retained = []
@@ -82,7 +82,7 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
 
 
 def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:
-    from worker.service import judge_memory
+    from worker.soak import judge_memory
 
     def judge(late: float, minutes: float) -> tuple[list[str], list[str], list[str]]:
         return judge_memory({"late_slope_mb_per_h": late, "late_span_s": minutes * 60}, limit=2.0, warmup_s=60)

@@ -283,7 +283,7 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
     Example:
       worker soak --duration 2h --images ./samples --model efficientnet-lite0
     """
-    from worker.service import soak as run_soak
+    from worker.soak import soak as run_soak
 
     cfg = _load(ctx, **overrides)
     with _two_stage_stop() as stop:

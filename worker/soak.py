@@ -1,0 +1,126 @@
+"""`worker soak`: replay images through the full pipeline for hours, then judge memory and latency."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from worker.config import Config
+from worker.errors import ConfigError
+from worker.intake.scan import walk
+from worker.jobs import Job, JobStatus
+from worker.metrics import percentiles
+from worker.service import open_pipeline
+from worker.store.db import open_db
+from worker.store.queries import run_stats
+
+
+@dataclass(frozen=True)
+class SoakVerdict:
+    run_id: int
+    images: int
+    seconds: float
+    rss_slope_mb_per_h: float  # least squares over every sample after warm-up
+    rss_late_slope_mb_per_h: float  # ... over the second half of those: what the verdict judges
+    rss_start_mb: float  # first sample after warm-up
+    rss_end_mb: float
+    rss_peak_mb: float
+    samples: int
+    p50_start_ms: float
+    p99_start_ms: float
+    p50_end_ms: float
+    p99_end_ms: float
+    failures: tuple[str, ...]
+    inconclusive: tuple[str, ...] = ()  # over a limit, but by less than this run can resolve
+    notes: tuple[str, ...] = ()  # what the verdict cannot tell (a run too short to resolve the limit)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures and not self.inconclusive
+
+    @property
+    def verdict(self) -> str:
+        return "FAIL" if self.failures else "INCONCLUSIVE" if self.inconclusive else "PASS"
+
+
+# RSS moves by about this much from moment to moment (allocator pages; seen here: 0.2-1.6 MB within
+# a minute with no trend): a slope over a window of T hours is resolved only above RSS_NOISE_MB / T
+RSS_NOISE_MB = 1.0
+
+
+def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[list[str], list[str], list[str]]:
+    """(failures, inconclusive, notes) for a run's memory trend (`run_stats(...)["memory"]`).
+
+    Judged on the second half of the samples after warm-up: settling steps early in a run are not a
+    leak; a leak grows to the end. A slope over the limit, but within what RSS noise makes of so short
+    a window, is neither a pass nor a leak shown."""
+    failures: list[str] = []
+    inconclusive: list[str] = []
+    notes: list[str] = []
+    late = mem.get("late_slope_mb_per_h", float("nan"))
+    span_h = mem.get("late_span_s", 0.0) / 3600
+    resolved = RSS_NOISE_MB / span_h if span_h > 0 else math.inf  # MB/h this window tells from noise
+    longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
+              if limit > 0 else "no soak resolves a limit of 0 MB/h")
+    if math.isnan(late):
+        failures.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend")
+    elif late > max(limit, resolved):
+        failures.append(f"RSS grows {late:.2f} MB/h over the second half after warm-up "
+                        f"(limit {limit} MB/h, soak.max_rss_slope_mb_per_h)")
+    elif late > limit:
+        inconclusive.append(f"RSS grew {late:.2f} MB/h over the second half after warm-up (limit {limit} MB/h), "
+                            f"but its {span_h * 60:.0f} min resolve only slopes above about {resolved:.0f} MB/h "
+                            f"(RSS noise about {RSS_NOISE_MB:.0f} MB): {longer}")
+    elif resolved > limit:
+        notes.append(f"the second half after warm-up lasted {span_h * 60:.0f} min, which resolves only slopes "
+                     f"above about {resolved:.0f} MB/h (RSS noise about {RSS_NOISE_MB:.0f} MB): {longer}")
+    return failures, inconclusive, notes
+
+
+def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | None = None,
+         on_finished: Callable[[Job, JobStatus], None] | None = None, warmup_s: float | None = None) -> SoakVerdict:
+    """Replay the images under `folder` through the full pipeline for `duration_s` (outputs are
+    overwritten, not accumulated), then judge the memory and latency trend against cfg.soak."""
+    folder = folder.absolute()
+    paths = list(walk(folder, cfg.extensions, skip=(cfg.outbox,)))
+    if not paths:
+        raise ConfigError(f"{folder}: no images to soak with")
+    warm = cfg.metrics.warmup_s if warmup_s is None else warmup_s
+    with open_pipeline(cfg, "soak", folder, on_finished=on_finished, replay=True) as pipeline:
+        t0 = time.monotonic()
+        n = 0
+        # a constant number in flight: steady memory and latencies that measure processing, not queueing
+        in_flight = 2 * (pipeline.settings.decode_workers + pipeline.settings.infer_workers)
+        while time.monotonic() - t0 < duration_s and not (stop is not None and stop.is_set()):
+            pipeline.wait_for_room(in_flight)
+            pipeline.submit(Job.from_path(folder, paths[n % len(paths)]))
+            n += 1
+        pipeline.drain()
+        seconds = time.monotonic() - t0
+        run_id, lat = pipeline.recorder.run_id, pipeline.counts.latencies_ms
+    db = open_db(cfg.db)
+    try:
+        (stats,) = run_stats(db, run_id=run_id, warmup_s=warm)
+    finally:
+        db.dispose()
+    mem = stats["memory"]
+    slope = mem.get("slope_mb_per_h", float("nan"))
+    late = mem.get("late_slope_mb_per_h", float("nan"))
+    start, end = percentiles(lat.first()), percentiles(lat.last())
+    failures, inconclusive, notes = judge_memory(mem, cfg.soak.max_rss_slope_mb_per_h, warm)
+    ratio = cfg.soak.max_p99_ratio
+    if ratio and end["p99"] > ratio * start["p99"]:
+        failures.append(f"p99 latency grew from {start['p99']:.1f} to {end['p99']:.1f} ms (limit x{ratio})")
+    return SoakVerdict(run_id=run_id, images=n, seconds=round(seconds, 1), rss_slope_mb_per_h=slope,
+                       rss_late_slope_mb_per_h=late,
+                       rss_start_mb=mem.get("steady_start_mb", float("nan")),
+                       rss_end_mb=mem.get("steady_end_mb", float("nan")),
+                       rss_peak_mb=mem.get("rss_peak_mb", float("nan")), samples=mem.get("steady_samples", 0),
+                       p50_start_ms=start["p50"], p99_start_ms=start["p99"], p50_end_ms=end["p50"],
+                       p99_end_ms=end["p99"], failures=tuple(failures),
+                       inconclusive=tuple(inconclusive), notes=tuple(notes))
+
