@@ -97,3 +97,27 @@ def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:
     assert "too few memory samples" in judge(float("nan"), 0)[0][0]
     zero = judge_memory({"late_slope_mb_per_h": 0.5, "late_span_s": 600}, limit=0.0, warmup_s=60)
     assert "no soak resolves a limit of 0 MB/h" in zero[1][0]
+
+
+def test_release_free_heap_gives_trapped_free_pages_back() -> None:
+    """Free buffers between live ones cannot be trimmed by free(); RSS drops only when they are released."""
+    import psutil
+
+    from worker.metrics import _LIBC, release_free_heap
+
+    if _LIBC is None:
+        pytest.skip("glibc only: elsewhere release_free_heap does nothing")
+    rss = lambda: psutil.Process().memory_info().rss / 2**20  # noqa: E731
+    # 100 KB buffers come from the heap (under glibc's 128 KB mmap threshold); each small one after
+    # it pins the heap, so freeing the big ones leaves 30 MB of free pages in the middle
+    big, small = [], []
+    for _ in range(300):
+        big.append(bytearray(100_000))
+        small.append(bytearray(1000))
+    grown = rss()
+    big.clear()
+    held = rss()
+    release_free_heap()
+    released = rss()
+    assert held - released > 20, (grown, held, released)
+    del small
