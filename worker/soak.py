@@ -47,8 +47,9 @@ class SoakVerdict:
         return "FAIL" if self.failures else "INCONCLUSIVE" if self.inconclusive else "PASS"
 
 
-# RSS moves by about this much from moment to moment (allocator pages; seen here: 0.2-1.6 MB within
-# a minute with no trend): a slope over a window of T hours is resolved only above RSS_NOISE_MB / T
+# RSS moves by about this much from sample to sample with no trend (the buffers in flight at that
+# moment; seen here: a standard deviation of 0.7-1.3 MB over 7-minute windows of a flat soak): a
+# slope over a window of T hours is resolved only above RSS_NOISE_MB / T
 RSS_NOISE_MB = 1.0
 
 
