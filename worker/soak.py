@@ -67,6 +67,7 @@ def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[li
     resolved = RSS_NOISE_MB / span_h if span_h > 0 else math.inf  # MB/h this window tells from noise
     longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
               if limit > 0 else "no soak resolves a limit of 0 MB/h")
+    beyond = f"slopes above about {resolved:.0f} MB/h (RSS noise about {RSS_NOISE_MB:.0f} MB): {longer}"
     if math.isnan(late):
         failures.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend")
     elif late > max(limit, resolved):
@@ -74,11 +75,9 @@ def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[li
                         f"(limit {limit} MB/h, soak.max_rss_slope_mb_per_h)")
     elif late > limit:
         inconclusive.append(f"RSS grew {late:.2f} MB/h over the second half after warm-up (limit {limit} MB/h), "
-                            f"but its {span_h * 60:.0f} min resolve only slopes above about {resolved:.0f} MB/h "
-                            f"(RSS noise about {RSS_NOISE_MB:.0f} MB): {longer}")
+                            f"but its {span_h * 60:.0f} min resolve only {beyond}")
     elif resolved > limit:
-        notes.append(f"the second half after warm-up lasted {span_h * 60:.0f} min, which resolves only slopes "
-                     f"above about {resolved:.0f} MB/h (RSS noise about {RSS_NOISE_MB:.0f} MB): {longer}")
+        notes.append(f"the second half after warm-up lasted {span_h * 60:.0f} min, which resolves only {beyond}")
     return failures, inconclusive, notes
 
 
