@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import image_rows, wait_for
 from worker.intake.scan import is_candidate
+from worker.intake.watch import MOVE_PAIRING_S
 from worker.jobs import Job, JobStatus
 from worker.service import watch
 
@@ -24,15 +25,18 @@ class Watching:
     def __init__(self, cfg) -> None:
         self.cfg = cfg
         self.stop = threading.Event()
+        self.ready = threading.Event()
         self.finished: list[tuple[str, JobStatus]] = []
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="test-watch")
 
     def _run(self) -> None:
         try:
-            self.summary = watch(self.cfg, self.stop, on_finished=lambda j, s: self.finished.append((j.rel, s)))
+            self.summary = watch(self.cfg, self.stop, on_finished=lambda j, s: self.finished.append((j.rel, s)),
+                                 ready=self.ready)
         except BaseException as e:  # surfaced by the test
             self.error = e
+            self.ready.set()
 
     def __enter__(self) -> "Watching":
         self.thread.start()
@@ -82,6 +86,22 @@ def test_watch_picks_up_each_file_once(cfg, samples: Path, observer: str) -> Non
         assert (cfg.archive / "done" / rel).exists() and not (cfg.inbox / rel).exists()
         assert (cfg.outbox / f"{rel}.json").exists()
     assert (cfg.inbox / ".hidden.png").exists() and (cfg.inbox / "draft.png.tmp").exists()
+
+
+def test_a_file_renamed_into_place_is_taken_on_its_event(cfg, samples: Path) -> None:
+    """With the settle check and the rescan out of reach, only the paired move event can submit the
+    file: the shortened pairing wait (MOVE_PAIRING_S) still pairs a rename's two events."""
+    grouper = pytest.importorskip("watchdog.observers.inotify_move_event_grouper").InotifyMoveEventGrouper
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, settle_s=600.0, rescan_interval_s=0.0))
+    cfg.inbox.mkdir(parents=True)
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        for i in range(5):  # each written under a hidden name in the same folder, then renamed into place
+            shutil.copy(samples / "coffee.png", cfg.inbox / f".coffee-{i}.png.part")
+            os.rename(cfg.inbox / f".coffee-{i}.png.part", cfg.inbox / f"coffee-{i}.png")
+        assert wait_for(lambda: len(w.finished) >= 5, timeout=60)
+    assert sorted(r for r, _ in w.finished) == [f"coffee-{i}.png" for i in range(5)]
+    assert grouper.delay == MOVE_PAIRING_S
 
 
 def test_watch_moves_bad_files_to_failed_and_keeps_going(cfg, samples: Path) -> None:

@@ -15,7 +15,9 @@ This machine's speed drifts by +-20% over minutes, so B and C run in `rounds` ro
 rates and the stage costs are measured right before and right after each round's B and C (their mean
 stands for that round); ratios are taken within a round and the median round is reported (the
 issue's baselines were medians of 3);
-  D  the pipeline fed at a steady half of C's rate: per-image latency, first image included.
+  D  `worker watch` itself, fed files at a steady half of C's rate (each written under a hidden name,
+     then renamed into the inbox): per-image latency, first image included, as the pipeline records
+     it (intake to result) and from the file's landing to its outcome committed and the input archived.
 """
 
 from __future__ import annotations
@@ -71,6 +73,8 @@ class CorpusResult:
     steady_first_ms: float
     steady_p50_ms: float
     steady_p99_ms: float
+    steady_landed_p50_ms: float  # D, from the rename into the inbox to committed and archived
+    steady_landed_p99_ms: float
 
     @property
     def ratio_limit(self) -> float:
@@ -257,10 +261,11 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                 f"(C/limit {rounds_seen[-1].ratio_limit:.2f}, C/B {rounds_seen[-1].ratio_naive:.2f})")
         med = sorted(rounds_seen, key=lambda r: r.ratio_limit)[len(rounds_seen) // 2]
         f = med.worker
-        # D: the pipeline fed at a steady half of C's rate, as the watcher feeds it: latency, not throughput
+        # D: watch mode fed at a steady half of C's rate: latency, not throughput
         rate = f["images_per_s"] / 2
-        lat = _steady(dataclasses.replace(c, db=f"sqlite:///{work / f'steady-{model}-{width}.db'}"), folder,
-                      files[: max(20, min(len(files), int(rate * 20)))], rate)
+        steady = _steady(dataclasses.replace(c, db=f"sqlite:///{work / f'steady-{model}-{width}.db'}"),
+                         files[: max(20, min(len(files), int(rate * 20)))], rate, work / f"steady-{model}-{width}")
+        lat = steady.pipeline_ms
         r = CorpusResult(model=model, width=width, images=len(files), bare_1t=med.one_t, bare_best=best,
                          bare_best_at=f"{bt}t b{bb}", bare_parallel=med.parallel, decode_ms=med.stages_ms[0],
                          preprocess_ms=med.stages_ms[1], postprocess_ms=med.stages_ms[2], limit=med.limit,
@@ -269,14 +274,17 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                          worker_rss_peak_mb=max(x.rss_peak for x in rounds_seen),
                          ratio_naive=median([x.ratio_naive for x in rounds_seen]),
                          steady_rate=rate, steady_first_ms=float(lat[0]), steady_p50_ms=float(np.percentile(lat, 50)),
-                         steady_p99_ms=float(np.percentile(lat, 99)))
+                         steady_p99_ms=float(np.percentile(lat, 99)),
+                         steady_landed_p50_ms=float(np.percentile(steady.landed_ms, 50)),
+                         steady_landed_p99_ms=float(np.percentile(steady.landed_ms, 99)))
         say(f"  {width} px: decode {r.decode_ms:.1f} ms, preprocess {r.preprocess_ms:.1f} ms, postprocess "
             f"{r.postprocess_ms:.1f} ms; median round: A 1 thread {r.bare_1t:.1f} img/s -> limit {r.limit:.1f} "
             f"img/s | B naive {r.naive:.1f} | C worker run {r.worker:.1f} img/s (C/limit {r.ratio_limit:.2f}, "
             f"C/limit-parallel {r.ratio_parallel:.2f}; C/B median {r.ratio_naive:.2f}), p50 {r.worker_p50_ms:.0f} "
-            f"ms p99 {r.worker_p99_ms:.0f} ms, peak RSS {r.worker_rss_peak_mb:.0f} MB | D steady {rate:.1f} img/s: "
-            f"first {r.steady_first_ms:.0f} ms, p50 {r.steady_p50_ms:.0f} ms, p99 {r.steady_p99_ms:.0f} ms "
-            f"(p99/p50 {r.steady_p99_ms / r.steady_p50_ms:.2f})")
+            f"ms p99 {r.worker_p99_ms:.0f} ms, peak RSS {r.worker_rss_peak_mb:.0f} MB | D watch mode, steady {rate:.1f} "
+            f"img/s: first {r.steady_first_ms:.0f} ms, p50 {r.steady_p50_ms:.0f} ms, p99 {r.steady_p99_ms:.0f} ms "
+            f"(p99/p50 {r.steady_p99_ms / r.steady_p50_ms:.2f}); landed to archived p50 {r.steady_landed_p50_ms:.0f} ms, "
+            f"p99 {r.steady_landed_p99_ms:.0f} ms")
         results.append(r)
     return results
 
@@ -308,20 +316,83 @@ def _worker_run(cfg: Config, folder: Path) -> tuple[int, dict[str, float]]:
     return int(run[1]), {"images_per_s": float(rate[1]), "p50": float(rate[2]), "p99": float(rate[3])}
 
 
-def _steady(cfg: Config, folder: Path, files: list[Path], rate: float) -> np.ndarray:
-    """Per-image latency (ms, in arrival order) with jobs submitted every 1/rate s to a warm pipeline."""
-    from worker.jobs import Job
-    from worker.service import open_pipeline
+@dataclass(frozen=True)
+class Steady:
+    """D's latencies, ms, one per image in landing order."""
 
-    with open_pipeline(cfg, "bench", folder, replay=True) as pipeline:
+    pipeline_ms: np.ndarray  # (N,) intake to result, as recorded in `timings.total_ms` (what `worker stats` reports)
+    landed_ms: np.ndarray  # (N,) from the rename into the inbox to the outcome committed and the input archived
+
+    def __post_init__(self) -> None:
+        if self.pipeline_ms.shape != self.landed_ms.shape or self.pipeline_ms.ndim != 1 or not len(self.pipeline_ms):
+            raise ValueError(f"latency arrays of shapes {self.pipeline_ms.shape} and {self.landed_ms.shape}")
+
+
+def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
+    """`worker watch` itself (observer, intake, pipeline, archive) on a fresh inbox, fed one file every
+    1/rate s the way a well-behaved producer delivers: written under a hidden name, then renamed
+    into place. Starts feeding once the watcher says it is ready (model warm, observer live)."""
+    from sqlalchemy import select
+
+    from worker.jobs import Job, JobStatus
+    from worker.service import watch
+    from worker.store.schema import ImageRow, TimingRow
+
+    inbox = work / "inbox"
+    inbox.mkdir(parents=True)
+    cfg = dataclasses.replace(cfg, inbox=inbox, archive=work / "archive", outbox=work / "out")
+    datas = [(p.name, p.read_bytes()) for p in files]
+    landed: dict[str, float] = {}
+    finished: dict[str, float] = {}
+    all_done, ready, stop = threading.Event(), threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+    summary: list[Any] = []
+
+    def on_finished(job: Job, status: JobStatus) -> None:
+        finished[job.rel] = time.perf_counter()
+        if status is not JobStatus.DONE:
+            failure.append(RuntimeError(f"bench image {job.rel} failed in watch mode"))
+        if len(finished) == len(datas):
+            all_done.set()
+
+    def serve() -> None:
+        try:
+            summary.append(watch(cfg, stop, on_finished=on_finished, ready=ready))
+        except BaseException as e:  # surfaced below, never a hang
+            failure.append(e)
+            ready.set()
+            all_done.set()
+
+    server = threading.Thread(target=serve, name="bench-watch")
+    server.start()
+    try:
+        ready.wait()
         t0 = time.perf_counter()
-        for i, path in enumerate(files):
+        for i, (name, data) in enumerate(datas):
+            if failure:
+                break
             delay = t0 + i / rate - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
-            pipeline.submit(Job.from_path(folder, path))
-        pipeline.drain()
-        return pipeline.counts.latencies_ms.first()
+            (inbox / f".{name}.part").write_bytes(data)
+            os.rename(inbox / f".{name}.part", inbox / name)
+            landed[name] = time.perf_counter()
+        all_done.wait(timeout=600)
+    finally:
+        stop.set()
+        server.join()
+    if failure or not summary or len(finished) != len(datas):
+        raise RuntimeError(f"watch-mode latency run incomplete ({len(finished)} of {len(datas)} images)") from (
+            failure[0] if failure else None)
+    db = open_db(cfg.db)
+    with db.connect() as conn:
+        recorded = dict(conn.execute(select(ImageRow.rel_path, TimingRow.total_ms)
+                                     .join(TimingRow, TimingRow.image_id == ImageRow.id)
+                                     .where(TimingRow.run_id == summary[0].run_id)).all())
+    db.dispose()
+    names = [name for name, _ in datas]
+    return Steady(pipeline_ms=np.array([recorded[n] for n in names]),
+                  landed_ms=np.array([(finished[n] - landed[n]) * 1000 for n in names]))
 
 
 def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], count: int,
@@ -335,14 +406,15 @@ def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], cou
             results += bench_model(cfg, m, widths, count, Path(tmp), say, rounds)
     say("")
     say("| model | corpus | A bare 1 thread | A best | A parallel | limit | limit-parallel | B naive | C worker run | "
-        "C/limit | C/limit-parallel | C/B | C peak RSS MB | D rate | D first ms | D p50 ms | D p99 ms |")
-    say("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        "C/limit | C/limit-parallel | C/B | C peak RSS MB | D rate | D first ms | D p50 ms | D p99 ms | "
+        "D landed p50 ms | D landed p99 ms |")
+    say("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         say(f"| {r.model} | {r.width} px | {r.bare_1t:.1f} | {r.bare_best:.1f} ({r.bare_best_at}) | "
             f"{r.bare_parallel:.1f} | {r.limit:.1f} | {r.limit_parallel:.1f} | "
             f"{r.naive:.1f} | {r.worker:.1f} | {r.ratio_limit:.2f} | {r.ratio_parallel:.2f} | {r.ratio_naive:.2f} | "
             f"{r.worker_rss_peak_mb:.0f} | {r.steady_rate:.1f} | {r.steady_first_ms:.0f} | {r.steady_p50_ms:.0f} | "
-            f"{r.steady_p99_ms:.0f} |")
+            f"{r.steady_p99_ms:.0f} | {r.steady_landed_p50_ms:.0f} | {r.steady_landed_p99_ms:.0f} |")
     return results
 
 

@@ -132,8 +132,12 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
 
 
 def watch(cfg: Config, stop: threading.Event, burst: bool = False,
-          on_finished: Callable[[Job, JobStatus], None] | None = None) -> Summary:
-    """Watch the inbox until `stop` is set; burst: process what is there now, then return."""
+          on_finished: Callable[[Job, JobStatus], None] | None = None,
+          ready: threading.Event | None = None) -> Summary:
+    """Watch the inbox until `stop` is set; burst: process what is there now, then return.
+
+    `ready` is set once the model is warm and the observer is live: a file landing after that is
+    seen by its event (for supervisors, and for the bench's steady feed)."""
     inbox = cfg.inbox.absolute()
     inbox.mkdir(parents=True, exist_ok=True)
     intake: Intake | None = None
@@ -150,6 +154,8 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
         intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s, pipeline.submit)
         observer = None if burst else start_observer(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
         log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
+        if ready is not None:
+            ready.set()
         try:
             intake.run(stop, burst=burst)
         finally:

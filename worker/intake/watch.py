@@ -25,11 +25,24 @@ from worker.jobs import Job
 
 log = logging.getLogger(__name__)
 
+# watchdog's inotify backend holds each IN_MOVED_FROM for 0.5 s to pair it with its IN_MOVED_TO, and
+# its reader sleeps out the whole wait even when the pair is already there: a file renamed into place
+# (the safe way to deliver one, and rsync's) reached the intake 0.5 s late (watchdog issue #649). A
+# rename queues both events at once, so a short wait still pairs them; a pair missed anyway arrives as
+# a "created" event and goes through the settle check instead: later, never lost.
+MOVE_PAIRING_S = 0.05
+
 
 def make_observer(kind: str, poll_interval_s: float = 1.0) -> BaseObserver:
     """The only place that picks the observer backend: native (inotify, ...) or polling (network shares)."""
     if kind == "polling":
         return PollingObserver(timeout=poll_interval_s)
+    try:
+        from watchdog.observers.inotify_move_event_grouper import InotifyMoveEventGrouper
+    except ImportError:  # not Linux: other backends have no such wait
+        pass
+    else:
+        InotifyMoveEventGrouper.delay = MOVE_PAIRING_S
     return Observer()
 
 
