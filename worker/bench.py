@@ -345,7 +345,7 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
     landed: dict[str, float] = {}
     finished: dict[str, float] = {}
     all_done, ready, stop = threading.Event(), threading.Event(), threading.Event()
-    failure: list[BaseException] = []
+    failure: list[Exception] = []
     summary: list[Any] = []
 
     def on_finished(job: Job, status: JobStatus) -> None:
@@ -358,7 +358,7 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
     def serve() -> None:
         try:
             summary.append(watch(cfg, stop, on_finished=on_finished, ready=ready))
-        except BaseException as e:  # surfaced below, never a hang
+        except Exception as e:  # surfaced below, never a hang
             failure.append(e)
             ready.set()
             all_done.set()
