@@ -4,6 +4,7 @@ present before start, temporary names; each processed exactly once, inputs archi
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import shutil
 import threading
@@ -14,7 +15,7 @@ import pytest
 
 from tests.conftest import image_rows, wait_for
 from worker.intake.scan import is_candidate
-from worker.intake.watch import MOVE_PAIRING_S
+from worker.intake.watch import MOVE_PAIRING_S, Intake, start_observer
 from worker.jobs import Job, JobStatus
 from worker.service import watch
 
@@ -102,6 +103,17 @@ def test_a_file_renamed_into_place_is_taken_on_its_event(cfg, samples: Path) -> 
         assert wait_for(lambda: len(w.finished) >= 5, timeout=60)
     assert sorted(r for r, _ in w.finished) == [f"coffee-{i}.png" for i in range(5)]
     assert grouper.delay == MOVE_PAIRING_S
+
+
+def test_the_observer_stop_race_is_not_logged_as_an_error(tmp_path: Path, caplog) -> None:
+    observer = start_observer(Intake(tmp_path, (".jpg",), 1.0, 0.0, lambda job: None), "native", 1.0)
+    observer.stop()
+    observer.join()
+    log = logging.getLogger("watchdog.observers.inotify")
+    with caplog.at_level(logging.ERROR, logger="watchdog.observers.inotify"):
+        log.error("InotifyEmitter.queue_events() called when the thread is inactive")
+        log.error("Unable to rebuild recursive inotify watches below %r", "/x")
+    assert [r.getMessage() for r in caplog.records] == ["Unable to rebuild recursive inotify watches below '/x'"]
 
 
 def test_watch_moves_bad_files_to_failed_and_keeps_going(cfg, samples: Path) -> None:
