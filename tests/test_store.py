@@ -6,12 +6,14 @@ import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import inspect, text
+from sqlalchemy import func, inspect, select, text
 
+from tests.conftest import wait_for
 from worker.metrics import percentiles, slope_per_hour
 from worker.service import run_folder
 from worker.store.db import downgrade, make_engine, open_db, upgrade
 from worker.store.queries import Filters, glob_to_like, query_images, run_stats
+from worker.store.schema import ImageRow
 
 TABLES = {"runs", "images", "results", "labels", "timings", "memory_samples"}
 
@@ -262,4 +264,31 @@ def test_recorder_commits_never_checkpoint_the_wal_its_own_thread_does(tmp_path:
         raw.close()
     assert busy == 0 and frames == copied > 1500
     rec.close()
+    db.dispose()
+
+
+def test_checkpoint_thread_empties_a_wal_that_outgrew_its_bound(tmp_path: Path, monkeypatch) -> None:
+    """Under steady writes the log rarely starts over by itself (README, Database): past WAL_RESET_BYTES
+    the checkpoint thread truncates it. Without that, the log stays at its size after the writes."""
+    from worker.jobs import JobStatus
+    from worker.store import recorder as R
+
+    monkeypatch.setattr(R, "CHECKPOINT_S", 0.05)
+    bound = 64 * 4096
+    monkeypatch.setattr(R, "WAL_RESET_BYTES", bound)
+    path = tmp_path / "w.db"
+    db = open_db(f"sqlite:///{path}")
+    rec = R.Recorder(db, R.RunInfo("run", "/x", "m", "", "cpu", {}))
+    wal = path.with_name("w.db-wal")
+    try:
+        payload = {"labels": ["x" * 100] * 20}
+        for k in range(20):
+            rec._write([R.Finished(f"{i}.png", "s" * 64, 10, JobStatus.DONE, task="classify", score=0.5,
+                                   payload=payload) for i in range(50 * k, 50 * (k + 1))])
+        # a TRUNCATE empties the file; SQLite's own restarts reuse it at its largest size
+        assert wait_for(lambda: wal.stat().st_size <= bound + 4096 + 32, timeout=10), wal.stat().st_size
+        with db.connect() as c:  # nothing lost on the way
+            assert c.scalar(select(func.count()).select_from(ImageRow)) == 1000
+    finally:
+        rec.close()
     db.dispose()

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 
 from worker import __version__
 from worker.jobs import JobStatus
+from worker.store.db import BUSY_TIMEOUT_MS
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
 IMAGES, RESULTS, LABELS = ImageRow.__table__, ResultRow.__table__, LabelRow.__table__
@@ -38,6 +39,13 @@ GROUP_S = 0.05
 # on that commit was the slowest of its run. The recorder's connection turns that off, and a thread of
 # its own checkpoints this often instead, beside the writes (PASSIVE: it never blocks them).
 CHECKPOINT_S = 1.0
+# SQLite starts its log over only when a write begins right after a checkpoint copied everything, and a
+# writer committing every few tens of ms while a checkpoint takes longer rarely leaves that gap: under
+# full load the log grew to 220 MB in 40 s (README, Database). Past this size the checkpoint thread
+# runs a TRUNCATE checkpoint, which empties the log; it holds the writer only while it runs, and
+# waits at most WAL_RESET_WAIT_MS for readers (a `worker query` mid-read) before giving up until next time.
+WAL_RESET_BYTES = 64 << 20
+WAL_RESET_WAIT_MS = 200
 _UNCLAIMED: Any = object()
 
 
@@ -241,9 +249,14 @@ class Recorder:
     def _checkpoint_loop(self) -> None:
         conn = self.engine.raw_connection()
         try:
+            cur = conn.cursor()
+            page = cur.execute("PRAGMA page_size").fetchone()[0]
+            cur.close()
             while not self._stop_checkpoints.wait(CHECKPOINT_S):
                 try:
-                    checkpoint(conn)
+                    _, frames, _ = checkpoint(conn)
+                    if frames * page > WAL_RESET_BYTES:
+                        checkpoint(conn, "TRUNCATE", WAL_RESET_WAIT_MS)
                 except Exception:  # a busy or failing checkpoint is retried next time; the WAL only grows meanwhile
                     log.exception("recorder: WAL checkpoint failed")
         finally:
@@ -345,11 +358,20 @@ class Recorder:
         return {(r.rel_path, r.sha256): (r.id, r.created_at == now) for r in rows if (r.rel_path, r.sha256) in wanted}
 
 
-def checkpoint(dbapi_conn: Any) -> tuple[int, int, int]:
-    """One PASSIVE checkpoint of a SQLite database: (busy, frames in the WAL, frames copied to the database)."""
+def checkpoint(dbapi_conn: Any, mode: str = "PASSIVE", wait_ms: int | None = None) -> tuple[int, int, int]:
+    """One checkpoint of a SQLite database: (busy, frames in the WAL, frames copied to the database).
+
+    PASSIVE never waits; TRUNCATE waits up to `wait_ms` (instead of the busy timeout) for the writer
+    and the readers, then empties the log."""
+    if mode not in ("PASSIVE", "FULL", "RESTART", "TRUNCATE"):
+        raise ValueError(f"no checkpoint mode {mode!r}")
     cur = dbapi_conn.cursor()
     try:
-        busy, frames, copied = cur.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        if wait_ms is not None:
+            cur.execute(f"PRAGMA busy_timeout={int(wait_ms)}")
+        busy, frames, copied = cur.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
     finally:
+        if wait_ms is not None:
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
         cur.close()
     return busy, frames, copied
