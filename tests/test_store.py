@@ -292,3 +292,42 @@ def test_checkpoint_thread_empties_a_wal_that_outgrew_its_bound(tmp_path: Path, 
     finally:
         rec.close()
     db.dispose()
+
+
+def test_a_reader_holding_its_snapshot_does_not_stall_the_writer_every_second(tmp_path: Path, monkeypatch) -> None:
+    """A TRUNCATE that a reader makes give up is not retried until WAL_RESET_BACKOFF_S has passed."""
+    import sqlite3
+    import time
+
+    from worker.jobs import JobStatus
+    from worker.store import recorder as R
+
+    attempts: list[str] = []
+    real = R.checkpoint
+
+    def counted(conn, mode="PASSIVE", wait_ms=None):  # type: ignore[no-untyped-def]
+        attempts.append(mode)
+        return real(conn, mode, wait_ms)
+
+    monkeypatch.setattr(R, "checkpoint", counted)
+    monkeypatch.setattr(R, "CHECKPOINT_S", 0.02)
+    monkeypatch.setattr(R, "WAL_RESET_BYTES", 16 * 4096)
+    monkeypatch.setattr(R, "WAL_RESET_WAIT_MS", 20)
+    path = tmp_path / "w.db"
+    db = open_db(f"sqlite:///{path}")
+    rec = R.Recorder(db, R.RunInfo("run", "/x", "m", "", "cpu", {}))
+    reader = sqlite3.connect(path)
+    try:
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM images").fetchone()  # holds its snapshot until rollback
+        payload = {"labels": ["x" * 100] * 20}
+        for k in range(10):
+            rec._write([R.Finished(f"{i}.png", "s" * 64, 10, JobStatus.DONE, task="classify", score=0.5,
+                                   payload=payload) for i in range(50 * k, 50 * (k + 1))])
+        time.sleep(0.5)  # about 25 checkpoint ticks with the log over its bound and the reader in place
+        assert attempts.count("TRUNCATE") == 1, attempts.count("TRUNCATE")
+    finally:
+        reader.rollback()
+        reader.close()
+        rec.close()
+    db.dispose()

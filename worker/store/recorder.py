@@ -46,6 +46,7 @@ CHECKPOINT_S = 1.0
 # waits at most WAL_RESET_WAIT_MS for readers (a `worker query` mid-read) before giving up until next time.
 WAL_RESET_BYTES = 64 << 20
 WAL_RESET_WAIT_MS = 200
+WAL_RESET_BACKOFF_S = 60.0  # after a reader made it give up: not every second while that reader stays
 _UNCLAIMED: Any = object()
 
 
@@ -252,11 +253,13 @@ class Recorder:
             cur = conn.cursor()
             page = cur.execute("PRAGMA page_size").fetchone()[0]
             cur.close()
+            next_reset = 0.0
             while not self._stop_checkpoints.wait(CHECKPOINT_S):
                 try:
                     _, frames, _ = checkpoint(conn)
-                    if frames * page > WAL_RESET_BYTES:
-                        checkpoint(conn, "TRUNCATE", WAL_RESET_WAIT_MS)
+                    if frames * page > WAL_RESET_BYTES and time.monotonic() >= next_reset:
+                        busy, _, _ = checkpoint(conn, "TRUNCATE", WAL_RESET_WAIT_MS)
+                        next_reset = time.monotonic() + WAL_RESET_BACKOFF_S if busy else 0.0
                 except Exception:  # a busy or failing checkpoint is retried next time; the WAL only grows meanwhile
                     log.exception("recorder: WAL checkpoint failed")
         finally:
