@@ -332,11 +332,9 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
     """`worker watch` itself (observer, intake, pipeline, archive) on a fresh inbox, fed one file every
     1/rate s the way a well-behaved producer delivers: written under a hidden name, then renamed
     into place. Starts feeding once the watcher says it is ready (model warm, observer live)."""
-    from sqlalchemy import select
-
     from worker.jobs import Job, JobStatus
     from worker.service import watch
-    from worker.store.schema import ImageRow, TimingRow
+    from worker.store.queries import Filters, query_images
 
     inbox = work / "inbox"
     inbox.mkdir(parents=True)
@@ -385,11 +383,11 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
         raise RuntimeError(f"watch-mode latency run incomplete ({len(finished)} of {len(datas)} images)") from (
             failure[0] if failure else None)
     db = open_db(cfg.db)
-    with db.connect() as conn:
-        recorded = dict(conn.execute(select(ImageRow.rel_path, TimingRow.total_ms)
-                                     .join(TimingRow, TimingRow.image_id == ImageRow.id)
-                                     .where(TimingRow.run_id == summary[0].run_id)).all())
-    db.dispose()
+    try:  # the latencies as `worker query` reports them
+        rows = query_images(db, Filters(run_id=summary[0].run_id, limit=len(datas)))
+    finally:
+        db.dispose()
+    recorded = {r["rel_path"]: r["total_ms"] for r in rows}
     names = [name for name, _ in datas]
     return Steady(pipeline_ms=np.array([recorded[n] for n in names]),
                   landed_ms=np.array([(finished[n] - landed[n]) * 1000 for n in names]))
