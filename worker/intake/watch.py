@@ -33,8 +33,21 @@ log = logging.getLogger(__name__)
 MOVE_PAIRING_S = 0.05
 
 
+class _StopRace(logging.Filter):
+    """watchdog 7's inotify emitter logs an ERROR when the observer stops while its thread is between
+    two reads ("queue_events() called when the thread is inactive"): a shutdown race with nothing lost,
+    which only alarmed whoever read the log of a clean stop."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "called when the thread is inactive" not in record.getMessage()
+
+
+_STOP_RACE = _StopRace()
+
+
 def make_observer(kind: str, poll_interval_s: float = 1.0) -> BaseObserver:
-    """The only place that picks the observer backend: native (inotify, ...) or polling (network shares)."""
+    """The only place that picks the observer backend: native (inotify, ...) or polling (network shares),
+    and the one place that tunes watchdog's inotify backend (its move-pairing wait, its stop-race log)."""
     if kind == "polling":
         return PollingObserver(timeout=poll_interval_s)
     try:
@@ -43,6 +56,7 @@ def make_observer(kind: str, poll_interval_s: float = 1.0) -> BaseObserver:
         pass
     else:
         InotifyMoveEventGrouper.delay = MOVE_PAIRING_S
+        logging.getLogger("watchdog.observers.inotify").addFilter(_STOP_RACE)  # adding it again is a no-op
     return Observer()
 
 
@@ -167,20 +181,8 @@ class _Handler(FileSystemEventHandler):
             self.intake.notify(dest, ready=True)
 
 
-class _StopRace(logging.Filter):
-    """watchdog 7's inotify emitter logs an ERROR when the observer stops while its thread is between
-    two reads ("queue_events() called when the thread is inactive"): a shutdown race with nothing lost,
-    which only alarmed whoever read the log of a clean stop."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "called when the thread is inactive" not in record.getMessage()
-
-
-_STOP_RACE = _StopRace()
-
 
 def start_observer(intake: Intake, kind: str, poll_interval_s: float) -> BaseObserver:
-    logging.getLogger("watchdog.observers.inotify").addFilter(_STOP_RACE)  # adding it again is a no-op
     observer = make_observer(kind, poll_interval_s)
     observer.schedule(_Handler(intake), str(intake.root), recursive=True)
     observer.start()
