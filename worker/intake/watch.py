@@ -181,7 +181,6 @@ class _Handler(FileSystemEventHandler):
             self.intake.notify(dest, ready=True)
 
 
-
 def start_observer(intake: Intake, kind: str, poll_interval_s: float) -> BaseObserver:
     observer = make_observer(kind, poll_interval_s)
     observer.schedule(_Handler(intake), str(intake.root), recursive=True)
