@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.bench import Steady, _steady, make_corpus
+from worker.bench import Steady, _create_cost, _steady, make_corpus
 from worker.images import decode
 
 
@@ -16,6 +16,13 @@ def test_corpus_is_jpegs_of_the_asked_width(samples: Path, tmp_path: Path) -> No
     files = make_corpus(samples, 640, 5, tmp_path / "c640")
     assert [p.name for p in files] == [f"img_{i:04d}.jpg" for i in range(5)]
     assert {decode(p.read_bytes(), p.name, 0).shape[1] for p in files} == {640}
+
+
+def test_create_probe_times_real_files_and_keeps_them(tmp_path: Path) -> None:
+    out = tmp_path / "out"  # C's outbox, made by the probe before `worker run` writes into it
+    assert _create_cost(out, n=5) > 0
+    assert _create_cost(out, n=5) > 0  # an existing folder is fine; the same names are rewritten
+    assert sorted(p.name for p in out.iterdir()) == [f".create-probe-{i}" for i in range(5)]
 
 
 def test_steady_feeds_the_real_watcher_and_times_each_image(cfg, samples: Path, tmp_path: Path) -> None:

@@ -75,6 +75,7 @@ class CorpusResult:
     steady_p99_ms: float
     steady_landed_p50_ms: float  # D, from the rename into the inbox to committed and archived
     steady_landed_p99_ms: float
+    create_file_us: float = 0.0  # creating one small file beside C's outbox, highest of the rounds (see _create_cost)
 
     @property
     def ratio_limit(self) -> float:
@@ -97,6 +98,7 @@ class _Round:
     rss_peak: float
     limit: float
     limit_parallel: float
+    create_file_us: float
 
     @property
     def ratio_limit(self) -> float:
@@ -149,6 +151,25 @@ def _per_item(fn: Callable[[Any], Any], items: list[Any]) -> float:
     for item in items:
         fn(item)
     return (time.perf_counter() - t0) / len(items)
+
+
+# Creating a file normally costs about 0.1 ms here. ext4 without a journal (this machine's) skips
+# every inode freed in the last minute or so (several while the inode table is not yet written back),
+# one by one, on each create: after thousands of deletions nearby, each new file costs ~1 ms of kernel
+# CPU. B and C pay it (C for every output), the limit does not; the bench reports it so that such a
+# round is seen for what it is.
+SLOW_CREATE_US = 300.0
+
+
+def _create_cost(folder: Path, n: int = 50) -> float:
+    """Microseconds to create, write and close one small file in `folder` (made if missing), mean of `n`.
+
+    The files are kept (deleting them would slow the creates that follow, see SLOW_CREATE_US)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for i in range(n):
+        (folder / f".create-probe-{i}").write_bytes(b"{}")
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def _mean_rates(one: ort.InferenceSession, name: str, tensors: list[np.ndarray], cores: int,
@@ -238,13 +259,14 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         rounds_seen: list[_Round] = []
         for k in range(rounds):
             before = machine()
-            # each round's B writes new files, as C does: rewriting last round's files costs no inode
-            # allocation, which on this machine's ext4 is 0.3-0.9 ms per file (see README)
-            naive = _naive_loop(files, adapter, session, iname, out_name, work / f"naive-{model}-{width}-{k}")
             # C: `worker run` itself in a fresh process (its peak RSS is its own), default config,
             # fresh database and outbox each time
             c = dataclasses.replace(cfg, model=model, outbox=work / f"out-{model}-{width}-{k}",
                                     db=f"sqlite:///{work / f'bench-{model}-{width}-{k}.db'}")
+            create_us = _create_cost(c.outbox)  # where C's outputs will be created
+            # each round's B writes new files, as C does: rewriting last round's files costs no inode
+            # allocation, which is not free here (see SLOW_CREATE_US)
+            naive = _naive_loop(files, adapter, session, iname, out_name, work / f"naive-{model}-{width}-{k}")
             run_id, figures = _worker_run(c, folder)
             after = machine()
             db = open_db(c.db)
@@ -255,10 +277,15 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             rounds_seen.append(_Round(one_t=one_t, parallel=par, stages_ms=(t_dec * 1e3, t_pre * 1e3, t_post * 1e3),
                                       naive=naive, worker=figures, rss_peak=st["memory"].get("rss_peak_mb", 0.0),
                                       limit=cores / (1 / one_t + stages),
-                                      limit_parallel=cores / (cores / par + stages)))
+                                      limit_parallel=cores / (cores / par + stages), create_file_us=create_us))
             say(f"    round {k + 1}: A 1 thread {one_t:.1f}, A parallel {par:.1f} img/s, stages {stages * 1e3:.1f} ms "
                 f"-> limit {rounds_seen[-1].limit:.1f} | B {naive:.1f} | C {figures['images_per_s']:.1f} img/s "
-                f"(C/limit {rounds_seen[-1].ratio_limit:.2f}, C/B {rounds_seen[-1].ratio_naive:.2f})")
+                f"(C/limit {rounds_seen[-1].ratio_limit:.2f}, C/B {rounds_seen[-1].ratio_naive:.2f}); "
+                f"creating a file {create_us:.0f} us")
+            if create_us > SLOW_CREATE_US:
+                say(f"    (creating a file took {create_us:.0f} us, not ~100: many files were deleted on this "
+                    f"filesystem in the last minutes, and ext4 without a journal skips their inodes one by one "
+                    f"on every create; B and C pay it for every output, the limit does not)")
         med = sorted(rounds_seen, key=lambda r: r.ratio_limit)[len(rounds_seen) // 2]
         f = med.worker
         # D: watch mode fed at a steady half of C's rate: latency, not throughput
@@ -276,7 +303,8 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                          steady_rate=rate, steady_first_ms=float(lat[0]), steady_p50_ms=float(np.percentile(lat, 50)),
                          steady_p99_ms=float(np.percentile(lat, 99)),
                          steady_landed_p50_ms=float(np.percentile(steady.landed_ms, 50)),
-                         steady_landed_p99_ms=float(np.percentile(steady.landed_ms, 99)))
+                         steady_landed_p99_ms=float(np.percentile(steady.landed_ms, 99)),
+                         create_file_us=max(x.create_file_us for x in rounds_seen))
         say(f"  {width} px: decode {r.decode_ms:.1f} ms, preprocess {r.preprocess_ms:.1f} ms, postprocess "
             f"{r.postprocess_ms:.1f} ms; median round: A 1 thread {r.bare_1t:.1f} img/s -> limit {r.limit:.1f} "
             f"img/s | B naive {r.naive:.1f} | C worker run {r.worker:.1f} img/s (C/limit {r.ratio_limit:.2f}, "
