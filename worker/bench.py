@@ -154,9 +154,9 @@ def _per_item(fn: Callable[[Any], Any], items: list[Any]) -> float:
 
 
 # Creating a file normally costs about 0.1 ms here. ext4 without a journal (this machine's) skips
-# every inode freed in the last minute or so (several while the inode table is not yet written back),
-# one by one, on each create: after thousands of deletions nearby, each new file costs ~1 ms of kernel
-# CPU. B and C pay it (C for every output), the limit does not; the bench reports it so that such a
+# every inode freed in the last minute or so (five more while its inode table block is not yet written
+# back), one by one, on each create: after thousands of deletions nearby, each new file costs ~1 ms of
+# kernel CPU (tests/perf/create_after_delete.py). B and C pay it (C for every output), the limit does not; the bench reports it so that such a
 # round is seen for what it is.
 SLOW_CREATE_US = 300.0
 
@@ -283,9 +283,9 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                 f"(C/limit {rounds_seen[-1].ratio_limit:.2f}, C/B {rounds_seen[-1].ratio_naive:.2f}); "
                 f"creating a file {create_us:.0f} us")
             if create_us > SLOW_CREATE_US:
-                say(f"    (creating a file took {create_us:.0f} us, not ~100: many files were deleted on this "
-                    f"filesystem in the last minutes, and ext4 without a journal skips their inodes one by one "
-                    f"on every create; B and C pay it for every output, the limit does not)")
+                say(f"    (creating a file took {create_us:.0f} us, over {SLOW_CREATE_US:.0f}: if many files were "
+                    f"deleted on this filesystem in the last minutes, ext4 without a journal skips their inodes "
+                    f"one by one on every create; B and C pay it for every output, the limit does not)")
         med = sorted(rounds_seen, key=lambda r: r.ratio_limit)[len(rounds_seen) // 2]
         f = med.worker
         # D: watch mode fed at a steady half of C's rate: latency, not throughput
