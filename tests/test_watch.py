@@ -130,6 +130,38 @@ def test_watch_moves_bad_files_to_failed_and_keeps_going(cfg, samples: Path) -> 
     assert rows["random.jpg"].status == "failed" and rows["random.jpg"].error
 
 
+def test_a_file_archived_while_a_rescan_looks_at_it_is_not_submitted_again(tmp_path: Path, monkeypatch) -> None:
+    """The race: a rescan sees a file in flight; between its lstat and its in-flight check the pipeline
+    finishes the job, moves the file to the archive and forgets it. A second job for the vanished file
+    would record a phantom failure ("file disappeared") beside the real result."""
+    inbox, archive = tmp_path / "inbox", tmp_path / "archive"
+    inbox.mkdir()
+    archive.mkdir()
+    path = inbox / "a.jpg"
+    path.write_bytes(b"jpeg bytes")
+    submitted: list[Job] = []
+    intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append)
+    intake.notify(path, ready=True)
+    assert intake._tick() == 1  # the job is in flight
+    intake.rescan()  # a periodic rescan finds the file again while its job is in flight
+    assert intake._tick() == 0  # first look: its size is noted (settle check)
+    real_lstat = Path.lstat
+    armed = [True]
+
+    def lstat_then_finish(self: Path) -> os.stat_result:
+        st = real_lstat(self)
+        if self == path and armed[0]:  # right after this lstat: the job finishes, as on another thread
+            armed[0] = False
+            path.rename(archive / "a.jpg")
+            intake.forget(submitted[0])
+        return st
+
+    monkeypatch.setattr(Path, "lstat", lstat_then_finish)
+    assert intake._tick() == 0
+    assert [j.rel for j in submitted] == ["a.jpg"]
+    assert not armed[0]  # the race was really staged
+
+
 def test_candidate_names() -> None:
     exts = (".jpg", ".png")
     assert is_candidate("a.JPG", exts) and is_candidate("-dash name ü.png", exts)

@@ -9,6 +9,7 @@ rescan finds files whose events were missed (queue overflow, restarts, network s
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -144,9 +145,22 @@ class Intake:
                 if self._inflight.get(rel) == sig:
                     continue  # already submitted (a second event for the same content)
                 self._inflight[rel] = sig
+            if not self._still_there(path, rel, sig):
+                continue
             self.submit(Job(path=path, rel=rel, size=st.st_size, mtime_ns=st.st_mtime_ns))
             submitted += 1
         return submitted
+
+    def _still_there(self, path: Path, rel: str, sig: tuple[int, int]) -> bool:
+        """Look again once the path is reserved. Its earlier job may have finished since the lstat:
+        the pipeline moves an input to the archive before it calls `forget`, so a file finished in
+        between is gone by now; a second job for it would record a phantom "file disappeared"."""
+        if os.path.lexists(path):
+            return True
+        with self._lock:
+            if self._inflight.get(rel) == sig:
+                del self._inflight[rel]
+        return False
 
     def _drop(self, path: Path) -> None:
         with self._lock:
