@@ -4,6 +4,7 @@ present before start, temporary names; each processed exactly once, inputs archi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import shutil
@@ -18,6 +19,7 @@ from worker.intake.scan import is_candidate
 from worker.intake.watch import MOVE_PAIRING_S, Intake, start_observer
 from worker.jobs import Job, JobStatus
 from worker.service import watch
+from worker.store.db import open_db
 
 
 class Watching:
@@ -160,6 +162,46 @@ def test_a_file_archived_while_a_rescan_looks_at_it_is_not_submitted_again(tmp_p
     assert intake._tick() == 0
     assert [j.rel for j in submitted] == ["a.jpg"]
     assert not armed[0]  # the race was really staged
+
+
+def test_a_file_replaced_after_it_was_read_is_processed_not_archived_under_the_old_result(
+        cfg, samples: Path, monkeypatch) -> None:
+    """A producer rewrites a.png (rename over it) while the first a.png is between reading and
+    archiving. The new file must get its own result and be archived itself; the first job must not
+    archive it (its content would never be processed, and its own job would find nothing to read)."""
+    from worker.tasks.segment import Segmenter
+
+    # the new file is noticed a second later (polling), long after the first job was archived: with
+    # the native observer its event usually beats the archive step and hides the race
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, observer="polling", poll_interval_s=1.0,
+                                                             rescan_interval_s=0.0))
+    cfg.inbox.mkdir(parents=True)
+    first, second = (samples / "page.png").read_bytes(), (samples / "text.png").read_bytes()
+    real_postprocess = Segmenter.postprocess
+    replaced = threading.Event()
+
+    def postprocess_then_replace(self, output, geometry):  # the first job's file is read by now
+        if (cfg.inbox / "a.png").exists() and not replaced.is_set():
+            replaced.set()
+            (cfg.inbox / ".a.png.part").write_bytes(second)
+            os.replace(cfg.inbox / ".a.png.part", cfg.inbox / "a.png")
+        return real_postprocess(self, output, geometry)
+
+    monkeypatch.setattr(Segmenter, "postprocess", postprocess_then_replace)
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        (cfg.inbox / ".a.png.part").write_bytes(first)
+        os.replace(cfg.inbox / ".a.png.part", cfg.inbox / "a.png")
+        assert wait_for(lambda: len(w.finished) >= 2 and not (cfg.inbox / "a.png").exists(), 120)
+    assert replaced.is_set()
+    assert w.finished == [("a.png", JobStatus.DONE), ("a.png", JobStatus.DONE)]
+    db = open_db(cfg.db)
+    with db.connect() as c:
+        rows = c.exec_driver_sql("select sha256, status from images where rel_path = 'a.png'").fetchall()
+    db.dispose()
+    shas = {hashlib.sha256(first).hexdigest(), hashlib.sha256(second).hexdigest()}
+    assert sorted(rows) == sorted((sha, "done") for sha in shas)  # both contents processed, no phantom
+    assert (cfg.archive / "done" / "a.png").read_bytes() == second
 
 
 def test_candidate_names() -> None:

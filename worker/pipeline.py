@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import queue
 import threading
 import time
@@ -91,6 +92,7 @@ class _Item:
     geometry: Geometry | None = None
     output: np.ndarray | None = None
     data: bytes | None = None  # the file's bytes, from reading to decoding
+    identity: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of the file as it was read
     committed: threading.Event | None = None  # set once the claim is in the database
     error: str | None = None
     skipped: bool = False  # already done with the same content and model
@@ -229,7 +231,10 @@ class Pipeline:
         if job.path.is_symlink():  # never followed: it could point anywhere on the machine
             raise ImageError(job.rel, "symbolic link: not followed (copy the file into the folder instead)")
         try:
-            item.data = job.path.read_bytes()
+            with open(job.path, "rb") as f:
+                st = os.fstat(f.fileno())
+                item.data = f.read()
+            item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
             raise InputGone(job.rel, "file disappeared before it could be read") from None
         except (PermissionError, IsADirectoryError, OSError) as e:
@@ -318,7 +323,7 @@ class Pipeline:
             if self.settings.archive is None:
                 self._done(item.job, status)
             else:
-                self._to_archive.put((item.job, status, committed))
+                self._to_archive.put((item.job, status, committed, item.identity))
 
     def _done(self, job: Job, status: JobStatus) -> None:
         with self._idle:
@@ -386,24 +391,38 @@ class Pipeline:
     # -- stage 4 (watch mode): move inputs out of the inbox ------------------------------------
     def _archive_loop(self) -> None:
         while (entry := self._to_archive.get()) is not _STOP:
-            job, status, committed = entry
+            job, status, committed, identity = entry
             if committed is not None:
                 committed.wait()  # only once its row is durable: a crash before never loses the image
             try:
-                self._archive(job, status)
+                self._archive(job, status, identity)
             except Exception:  # never let one input stop the stage: it stays in the inbox, logged
                 log.exception("archive %s", job.rel)
             self._done(job, status)
 
-    def _archive(self, job: Job, status: JobStatus) -> None:
+    def _archive(self, job: Job, status: JobStatus, identity: tuple[int, int, int] | None) -> None:
         if (root := self.settings.archive) is None:
             return
         folder = "done" if status is JobStatus.DONE else "failed"
         try:
+            if identity is not None and _identity(job.path) not in (identity, None):
+                # replaced under the same name after it was read (a camera rewriting latest.jpg):
+                # the new file is not this result's; it stays for its own job (intake saw it change)
+                log.warning("%s was replaced after it was read: left in the inbox for its own job", job.rel)
+                return
             if job.path.is_symlink() or job.path.exists():
                 move_verified(job.path, root / folder / job.rel)
         except (OSError, WorkerError) as e:
             log.error("cannot archive %s: %s", job.rel, e)
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    """(inode, size, mtime_ns) of the file at path now, None if there is none."""
+    try:
+        st = path.lstat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int) -> None:
