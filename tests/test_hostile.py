@@ -4,7 +4,9 @@ the worker keeps going; files that vanish or change while queued; a burst of 2,0
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -16,6 +18,7 @@ from tests import hostile
 from tests.conftest import image_rows, wait_for
 from worker.jobs import Job
 from worker.service import open_pipeline, run_folder, watch
+from worker.store.db import open_db
 
 
 
@@ -77,6 +80,36 @@ def test_file_deleted_or_replaced_while_queued(effcfg, tmp_path: Path, samples: 
     from worker.models.fetch import sha256_file
 
     assert rows["replaced.png"].sha256 == sha256_file(samples / "page.png"), "the content actually read"
+
+
+def test_file_replaced_while_queued_in_watch_mode_is_no_failure(effcfg, samples: Path) -> None:
+    """Watch mode: a.png is queued, then replaced under the same name, and intake queues the new
+    content too. The first job reads the new content and archives it; the second then finds nothing
+    to read, which is no failure (no phantom "disappeared" row). A file deleted while queued still is."""
+    inbox = effcfg.inbox
+    inbox.mkdir(parents=True)
+    old, new = (samples / "coffee.png").read_bytes(), (samples / "page.png").read_bytes()
+    (inbox / "a.png").write_bytes(old)
+    (inbox / "gone.png").write_bytes(old)
+    queued_old, gone = Job.from_path(inbox, inbox / "a.png"), Job.from_path(inbox, inbox / "gone.png")
+    (inbox / ".a.png.part").write_bytes(new)
+    os.replace(inbox / ".a.png.part", inbox / "a.png")  # a producer rewriting a.png
+    queued_new = Job.from_path(inbox, inbox / "a.png")
+    (inbox / "gone.png").unlink()
+    with open_pipeline(effcfg, "watch", inbox, archive=effcfg.archive) as pipeline:
+        for job in (queued_old, gone):
+            pipeline.submit(job)
+        pipeline.drain()  # the first job read the new content and archived it
+        pipeline.submit(queued_new)
+        pipeline.drain()
+        assert pipeline.counts.skipped == 1
+    db = open_db(effcfg.db)
+    with db.connect() as c:
+        rows = sorted(c.exec_driver_sql("select rel_path, sha256, status, error from images").fetchall())
+    db.dispose()
+    assert [r[:3] for r in rows] == [("a.png", hashlib.sha256(new).hexdigest(), "done"), ("gone.png", "", "failed")]
+    assert "disappeared" in rows[1][3]
+    assert (effcfg.archive / "done" / "a.png").read_bytes() == new
 
 
 @pytest.mark.timeout(300)

@@ -19,7 +19,7 @@ import os
 import queue
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -119,6 +119,10 @@ class Pipeline:
         self._inferred: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._to_archive: queue.Queue[Any] = queue.Queue(settings.queue_size)
         self._ledger = Ledger(db, card.name)
+        # rel -> (size, mtime_ns) of the inputs archived lately: a job queued for content that an
+        # earlier job of the same path read and archived finds the file gone, and is not a failure
+        self._archived: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._archived_lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition()
         size = (card.input.size[0], card.input.size[1])
@@ -236,6 +240,9 @@ class Pipeline:
                 item.data = f.read()
             item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
+            if self._archived_already(job):
+                item.skipped = True  # replaced while queued: the job before it read and archived this content
+                return False
             raise InputGone(job.rel, "file disappeared before it could be read") from None
         except (PermissionError, IsADirectoryError, OSError) as e:
             raise InputGone(job.rel, f"cannot read file: {e.strerror or e}") from None
@@ -400,6 +407,19 @@ class Pipeline:
                 log.exception("archive %s", job.rel)
             self._done(job, status)
 
+    def _note_archived(self, rel: str, identity: tuple[int, int, int]) -> None:
+        """Remember what is about to be moved (before the move: a job reading after it finds the note)."""
+        with self._archived_lock:
+            self._archived[rel] = identity[1:]
+            self._archived.move_to_end(rel)
+            if len(self._archived) > ARCHIVED_REMEMBERED:
+                self._archived.popitem(last=False)
+
+    def _archived_already(self, job: Job) -> bool:
+        """Whether the content this job was queued for (its size and mtime) was just archived by another."""
+        with self._archived_lock:
+            return self._archived.get(job.rel) == (job.size, job.mtime_ns)
+
     def _archive(self, job: Job, status: JobStatus, identity: tuple[int, int, int] | None) -> None:
         if (root := self.settings.archive) is None:
             return
@@ -410,10 +430,15 @@ class Pipeline:
                 # the new file is not this result's; it stays for its own job (intake saw it change)
                 log.warning("%s was replaced after it was read: left in the inbox for its own job", job.rel)
                 return
+            if identity is not None:
+                self._note_archived(job.rel, identity)
             if job.path.is_symlink() or job.path.exists():
                 move_verified(job.path, root / folder / job.rel)
         except (OSError, WorkerError) as e:
             log.error("cannot archive %s: %s", job.rel, e)
+
+
+ARCHIVED_REMEMBERED = 4096  # recent archive moves kept in memory (a few hundred KB)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
