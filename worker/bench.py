@@ -75,7 +75,7 @@ class CorpusResult:
     steady_p99_ms: float
     steady_landed_p50_ms: float  # D, from the rename into the inbox to committed and archived
     steady_landed_p99_ms: float
-    create_file_us: float = 0.0  # creating one small file in C's outbox, highest of the rounds (see _create_cost)
+    create_file_us: float  # creating one small file in C's outbox, highest of the rounds (see _create_cost)
 
     @property
     def ratio_limit(self) -> float:

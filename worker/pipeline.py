@@ -425,15 +425,16 @@ class Pipeline:
             return
         folder = "done" if status is JobStatus.DONE else "failed"
         try:
-            if identity is not None and _identity(job.path) not in (identity, None):
-                # replaced under the same name after it was read (a camera rewriting latest.jpg):
-                # the new file is not this result's; it stays for its own job (intake saw it change)
-                log.warning("%s was replaced after it was read: left in the inbox for its own job", job.rel)
-                return
+            if (current := _identity(job.path)) is None:
+                return  # nothing there (moved away, or never there)
             if identity is not None:
+                if current != identity:
+                    # replaced under the same name after it was read (a camera rewriting latest.jpg):
+                    # the new file is not this result's; it stays for its own job (intake saw it change)
+                    log.warning("%s was replaced after it was read: left in the inbox for its own job", job.rel)
+                    return
                 self._note_archived(job.rel, identity)
-            if job.path.is_symlink() or job.path.exists():
-                move_verified(job.path, root / folder / job.rel)
+            move_verified(job.path, root / folder / job.rel)
         except (OSError, WorkerError) as e:
             log.error("cannot archive %s: %s", job.rel, e)
 
@@ -442,7 +443,7 @@ ARCHIVED_REMEMBERED = 4096  # recent archive moves kept in memory (a few hundred
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime_ns) of the file at path now, None if there is none."""
+    """(inode, size, mtime_ns) of what is at path now (a symlink itself, not followed), None if nothing."""
     try:
         st = path.lstat()
     except OSError:
