@@ -251,6 +251,9 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
             click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), "
                        f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up, "
                        f"{m['late_slope_mb_per_h']} MB/h over their second half")
+        if "gpu_peak_mb" in m:
+            click.echo(f"  GPU memory: {m['gpu_start_mb']} -> {m['gpu_end_mb']} MB (peak {m['gpu_peak_mb']}), "
+                       f"slope {m['gpu_slope_mb_per_h']} MB/h after warm-up")
 
 
 def _duration(value: str) -> float:

@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from worker.config import EngineConfig
 from worker.errors import ModelError, ProviderError
+from worker.gpu import conflicting_builds, installed_onnxruntime_builds
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,9 @@ def default_threads(cores: int | None = None) -> tuple[int, int, int]:
 class Engine:
     def __init__(self, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, input_name: str = "",
                  output_name: str = "") -> None:
+        if (warning := conflicting_builds(installed_onnxruntime_builds())) is not None:
+            log.warning(warning)
+        self.device_id = cfg.device_id
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = intra_op_threads
         opts.inter_op_num_threads = 1

@@ -94,24 +94,27 @@ def release_free_heap() -> None:
         _LIBC.malloc_trim(0)
 
 
-def take_sample(queue_depth: int, images_done: int) -> Sample:
+def take_sample(queue_depth: int, images_done: int, gpu_bytes: int | None = None) -> Sample:
     proc = psutil.Process()
     try:
         fds = proc.num_fds()
     except AttributeError:  # Windows
         fds = proc.num_handles()  # type: ignore[attr-defined]
     return Sample(rss_bytes=proc.memory_info().rss, fds=fds, threads=proc.num_threads(),
-                  queue_depth=queue_depth, images_done=images_done, gpu_bytes=None)
+                  queue_depth=queue_depth, images_done=images_done, gpu_bytes=gpu_bytes)
 
 
 class MemorySampler:
     """Calls `sink(sample)` every `period_s` seconds on its own thread until `stop()`; gives malloc's
-    free pages back to the OS before each sample (about 1-2 ms; see `release_free_heap`)."""
+    free pages back to the OS before each sample (about 1-2 ms; see `release_free_heap`). `gpu`, when
+    given, answers the GPU memory the process holds (see `worker.gpu.GpuMemory`)."""
 
-    def __init__(self, period_s: float, sink: Callable[[Sample], None], state: Callable[[], tuple[int, int]]) -> None:
+    def __init__(self, period_s: float, sink: Callable[[Sample], None], state: Callable[[], tuple[int, int]],
+                 gpu: Callable[[], int | None] | None = None) -> None:
         self._period = period_s
         self._sink = sink
         self._state = state
+        self._gpu = gpu
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
         self._thread.start()
@@ -119,7 +122,7 @@ class MemorySampler:
     def _loop(self) -> None:
         while True:
             release_free_heap()  # each sample then measures memory in use, not the heaps' high-water marks
-            self._sink(take_sample(*self._state()))
+            self._sink(self._take())
             if self._stop.wait(self._period):
                 return
 
@@ -127,4 +130,7 @@ class MemorySampler:
         self._stop.set()
         self._thread.join()
         release_free_heap()
-        self._sink(take_sample(*self._state()))  # the last sample shows the end state
+        self._sink(self._take())  # the last sample shows the end state
+
+    def _take(self) -> Sample:
+        return take_sample(*self._state(), gpu_bytes=self._gpu() if self._gpu is not None else None)

@@ -31,6 +31,7 @@ from sqlalchemy import Engine as DbEngine
 from worker.batcher import Batcher
 from worker.engine import Engine
 from worker.errors import ImageError, InputGone, WorkerError
+from worker.gpu import GpuMemory
 from worker.images import decode, decode_reduced
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
@@ -136,7 +137,8 @@ class Pipeline:
             [self._thread("archive", self._archive_loop)] if settings.archive is not None else [],
         ]
         self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
-                                      lambda: (self.depth(), self.counts.processed))
+                                      lambda: (self.depth(), self.counts.processed),
+                                      gpu=GpuMemory(engine.device_id) if engine.on_gpu else None)
 
     def _thread(self, name: str, target: Callable[[], None]) -> threading.Thread:
         t = threading.Thread(target=target, name=name, daemon=True)

@@ -112,6 +112,9 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
     late = mem.get("late_slope_mb_per_h", float("nan"))
     start, end = percentiles(lat.first()), percentiles(lat.last())
     failures, inconclusive, notes = judge_memory(mem, cfg.soak.max_rss_slope_mb_per_h, warm)
+    if "gpu_peak_mb" in mem:
+        notes.append(f"GPU memory {mem['gpu_start_mb']} -> {mem['gpu_end_mb']} MB (peak {mem['gpu_peak_mb']} MB), "
+                     f"slope {mem['gpu_slope_mb_per_h']:.2f} MB/h after warm-up (reported, not judged)")
     ratio = cfg.soak.max_p99_ratio
     if ratio and end["p99"] > ratio * start["p99"]:
         failures.append(f"p99 latency grew from {start['p99']:.1f} to {end['p99']:.1f} ms (limit x{ratio})")

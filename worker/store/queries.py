@@ -99,7 +99,7 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
                                     .group_by(ImageRow.status)).all())
             timing_rows = c.execute(select(*[getattr(TimingRow, s) for s in STAGES], TimingRow.batch_size)
                                     .where(TimingRow.run_id == rid)).all()
-            samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes)
+            samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes)
                                 .where(MemorySample.run_id == rid).order_by(MemorySample.at)).all()
             out.append(_one_run(dict(run), counts, timing_rows, samples, warmup_s))
     return out
@@ -127,6 +127,13 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any]
                       late_samples=len(late), late_span_s=round(late[-1][0] - late[0][0], 1) if late else 0.0)
         if steady:  # the first and last sample after the warm-up: what a soak compares
             memory.update(steady_start_mb=round(steady[0][1], 1), steady_end_mb=round(steady[-1][1], 1))
+        gpu = [(t, s.gpu_bytes / 2**20) for t, s in zip(secs, samples) if s.gpu_bytes is not None]
+        if gpu:  # CUDA runs with NVML: reported, not judged (see README: Running on a GPU)
+            gpu_steady = [(t, m) for t, m in gpu if t >= warmup_s]
+            memory.update(gpu_start_mb=round(gpu[0][1], 1), gpu_end_mb=round(gpu[-1][1], 1),
+                          gpu_peak_mb=round(max(m for _, m in gpu), 1),
+                          gpu_slope_mb_per_h=round(slope_per_hour([t for t, _ in gpu_steady],
+                                                                  [m for _, m in gpu_steady]), 3))
     return {"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
             "started_at": start.isoformat(), "finished_at": end.isoformat() if end else None,
             "counts": counts, "images_per_s": round(processed / span, 2) if span else None,

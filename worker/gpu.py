@@ -1,0 +1,102 @@
+"""What the process can learn about its GPU: which onnxruntime build is installed, and how much GPU
+memory it holds (through NVML, the `gpu` extra's nvidia-ml-py; the driver ships libnvidia-ml).
+
+Nothing here is needed on CPU: every function answers None or an empty list there.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from importlib import metadata
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+# distributions that install the `onnxruntime` module: pip treats them as different packages, so
+# two of them in one environment overwrite each other's files and the result is whichever came last
+ONNXRUNTIME_BUILDS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", "onnxruntime-openvino",
+                      "onnxruntime-qnn", "onnxruntime-rocm", "onnxruntime-silicon")
+
+
+def installed_onnxruntime_builds() -> list[str]:
+    """The onnxruntime distributions installed in this environment (normally exactly one)."""
+    found = []
+    for name in ONNXRUNTIME_BUILDS:
+        try:
+            metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        found.append(name)
+    return found
+
+
+def conflicting_builds(builds: list[str]) -> str | None:
+    """A warning when more than one onnxruntime build is installed, else None."""
+    if len(builds) < 2:
+        return None
+    keep = next((b for b in builds if b != "onnxruntime"), builds[-1])
+    return (f"{' and '.join(builds)} are all installed; they share the module 'onnxruntime', so which one runs "
+            f"depends on the order they were installed in. Keep one: pip uninstall -y {' '.join(builds)} "
+            f"&& pip install {keep}")
+
+
+def nvml_index(device_id: int, visible: str | None) -> int | str:
+    """The NVML index (or UUID) of CUDA device `device_id` under CUDA_VISIBLE_DEVICES=`visible`.
+
+    CUDA numbers only the visible devices, NVML numbers all of them: with CUDA_VISIBLE_DEVICES=2,3,
+    CUDA device 0 is NVML device 2."""
+    if not visible:
+        return device_id
+    entries = [e.strip() for e in visible.split(",") if e.strip()]
+    if device_id >= len(entries):
+        return device_id
+    entry = entries[device_id]
+    return int(entry) if entry.isdigit() else entry  # a UUID ("GPU-...") or MIG id
+
+
+class GpuMemory:
+    """Bytes of GPU memory this process holds on one CUDA device, read through NVML.
+
+    Calling it answers None when NVML (nvidia-ml-py and the driver's libnvidia-ml) is missing or
+    the device cannot be found. Where NVML does not list this process (a container with its own PID
+    namespace), it answers the memory used on the whole device and says so once in the log."""
+
+    def __init__(self, device_id: int, nvml: Any = None) -> None:
+        self._nvml = nvml if nvml is not None else _load_nvml()
+        self._handle: Any = None
+        self._whole_device_noted = False
+        if self._nvml is None:
+            return
+        index = nvml_index(device_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        try:
+            self._nvml.nvmlInit()
+            self._handle = (self._nvml.nvmlDeviceGetHandleByIndex(index) if isinstance(index, int)
+                            else self._nvml.nvmlDeviceGetHandleByUUID(index))
+        except Exception as e:  # no driver, no such device: GPU memory is just not recorded
+            log.warning("GPU memory will not be recorded: NVML cannot open CUDA device %s: %s", device_id, e)
+            self._handle = None
+
+    def __call__(self) -> int | None:
+        if self._handle is None:
+            return None
+        try:
+            pid = os.getpid()
+            for proc in self._nvml.nvmlDeviceGetComputeRunningProcesses(self._handle):
+                if proc.pid == pid and proc.usedGpuMemory is not None:
+                    return int(proc.usedGpuMemory)
+            if not self._whole_device_noted:
+                log.info("NVML does not list this process (PID namespace?): recording the whole device's "
+                         "used GPU memory instead")
+                self._whole_device_noted = True
+            return int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used)
+        except Exception:  # a driver hiccup must not stop the sampler
+            return None
+
+
+def _load_nvml() -> Any:
+    try:
+        import pynvml  # nvidia-ml-py
+    except ImportError:
+        return None
+    return pynvml
