@@ -6,6 +6,7 @@ next one's trend."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -79,6 +80,13 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
                                    "--images", str(folder)])
     assert "RSS after warm-up" in out.output and "latency ms: start p50" in out.output and "verdict:" in out.output
     assert out.exit_code == (0 if "PASS" in out.output else 1)
+    # `worker stats` counts the soak's images as processed, not its 4 image rows (a soak replays them)
+    m = re.search(r"^soak run (\d+): (\d+) images in ([\d.]+) s", out.output, re.M)
+    assert m is not None, out.output
+    stats = CliRunner().invoke(cli, ["--config", str(conf), "stats", "--run", m[1], "--format", "json"])
+    (run,) = json.loads(stats.output)
+    assert run["counts"] == {"done": 4} and int(m[2]) > 40
+    assert int(m[2]) / float(m[3]) / 2 < run["images_per_s"] <= int(m[2]) / float(m[3])
 
 
 def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:

@@ -99,7 +99,7 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
                                     .group_by(ImageRow.status)).all())
             timing_rows = c.execute(select(*[getattr(TimingRow, s) for s in STAGES], TimingRow.batch_size)
                                     .where(TimingRow.run_id == rid)).all()
-            samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes)
+            samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes, MemorySample.images_done)
                                 .where(MemorySample.run_id == rid).order_by(MemorySample.at)).all()
             out.append(_one_run(dict(run), counts, timing_rows, samples, warmup_s))
     return out
@@ -109,6 +109,8 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any]
              warmup_s: float) -> dict[str, Any]:
     start, end = run["started_at"], run["finished_at"]
     processed = counts.get("done", 0) + counts.get("failed", 0)
+    if samples:  # the sampler counts what the pipeline processed: a soak replays its images, one row each
+        processed = max(processed, max(s.images_done for s in samples))
     span = (end - start).total_seconds() if end else None
     stages = {s: percentiles([r[i] for r in timing_rows]) for i, s in enumerate(STAGES)}
     memory: dict[str, Any] = {"samples": len(samples)}
