@@ -81,6 +81,8 @@ class FakeEngine:
     """Stands in for onnxruntime only to test the pool: output = the batch's per-image mean."""
 
     providers = ["CPUExecutionProvider"]
+    on_gpu = False
+    device_id = 0
 
     def __init__(self) -> None:
         self.batch_sizes: list[int] = []

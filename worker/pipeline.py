@@ -129,6 +129,7 @@ class Pipeline:
         size = (card.input.size[0], card.input.size[1])
         self._size_hw = size
         self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
+        gpu = GpuMemory(engine.device_id) if engine.on_gpu else None  # before any thread starts
         self._stages = [
             [self._thread(f"prepare-{i}", self._prepare_loop) for i in range(settings.decode_workers)],
             [self._thread(f"infer-{i}", self._infer_loop) for i in range(settings.infer_workers)],
@@ -137,8 +138,7 @@ class Pipeline:
             [self._thread("archive", self._archive_loop)] if settings.archive is not None else [],
         ]
         self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
-                                      lambda: (self.depth(), self.counts.processed),
-                                      gpu=GpuMemory(engine.device_id) if engine.on_gpu else None)
+                                      lambda: (self.depth(), self.counts.processed), gpu=gpu)
 
     def _thread(self, name: str, target: Callable[[], None]) -> threading.Thread:
         t = threading.Thread(target=target, name=name, daemon=True)
