@@ -86,7 +86,8 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
     stats = CliRunner().invoke(cli, ["--config", str(conf), "stats", "--run", m[1], "--format", "json"])
     (run,) = json.loads(stats.output)
     assert run["counts"] == {"done": 4} and int(m[2]) > 40
-    assert int(m[2]) / float(m[3]) / 2 < run["images_per_s"] <= int(m[2]) / float(m[3])
+    rate = int(m[2]) / float(m[3])  # the soak's own figure; the run's span differs by its start and stop
+    assert rate / 2 < run["images_per_s"] < rate * 1.2
 
 
 def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:
