@@ -1,7 +1,7 @@
 """What the process can learn about its GPU: which onnxruntime build is installed, and how much GPU
 memory it holds (through NVML, the `gpu` extra's nvidia-ml-py; the driver ships libnvidia-ml).
 
-Nothing here is needed on CPU: every function answers None or an empty list there.
+On CPU the build check finds the one build and no GpuMemory is made.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def conflicting_builds(builds: list[str]) -> str | None:
     if len(builds) < 2:
         return None
     keep = next((b for b in builds if b != "onnxruntime"), builds[-1])
-    return (f"{' and '.join(builds)} are all installed; they share the module 'onnxruntime', so which one runs "
+    return (f"{', '.join(builds)} are installed together; they share the module 'onnxruntime', so which one runs "
             f"depends on the order they were installed in. Keep one: pip uninstall -y {' '.join(builds)} "
             f"&& pip install {keep}")
 
@@ -67,6 +67,8 @@ class GpuMemory:
         self._handle: Any = None
         self._whole_device_noted = False
         if self._nvml is None:
+            log.info("GPU memory is not recorded: NVML's Python bindings are missing (pip install nvidia-ml-py, "
+                     "or the package's gpu extra)")
             return
         index = nvml_index(device_id, os.environ.get("CUDA_VISIBLE_DEVICES"))
         try:

@@ -99,7 +99,8 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
                                     .group_by(ImageRow.status)).all())
             timing_rows = c.execute(select(*[getattr(TimingRow, s) for s in STAGES], TimingRow.batch_size)
                                     .where(TimingRow.run_id == rid)).all()
-            samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes, MemorySample.images_done)
+            samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes,
+                                       MemorySample.images_done)
                                 .where(MemorySample.run_id == rid).order_by(MemorySample.at)).all()
             out.append(_one_run(dict(run), counts, timing_rows, samples, warmup_s))
     return out
