@@ -401,8 +401,10 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
             if delay > 0:
                 time.sleep(delay)
             (inbox / f".{name}.part").write_bytes(data)
-            os.rename(inbox / f".{name}.part", inbox / name)
+            # timed before the rename: the file is invisible until then, and a feeder preempted right
+            # after it would otherwise time its landing after the watcher had already taken the file
             landed[name] = time.perf_counter()
+            os.rename(inbox / f".{name}.part", inbox / name)
         all_done.wait(timeout=600)
     finally:
         stop.set()
