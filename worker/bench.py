@@ -154,10 +154,10 @@ def _per_item(fn: Callable[[Any], Any], items: list[Any]) -> float:
 
 
 # Creating a file normally costs about 0.1 ms here. ext4 without a journal (this machine's) skips
-# every inode freed in the last minute or so (five more while its inode table block is not yet written
-# back), one by one, on each create: after thousands of deletions nearby, each new file costs ~1 ms of
-# kernel CPU (tests/perf/create_after_delete.py). B and C pay it (C for every output), the limit does
-# not; the bench reports it so that such a round is seen for what it is.
+# every inode freed in the last minute or so (five minutes more while its inode table block is not
+# yet written back), one by one, on each create: after thousands of deletions nearby, each new file
+# costs ~1 ms of kernel CPU (tests/perf/create_after_delete.py). B and C pay it (C for every output),
+# the limit does not; the bench reports it so that such a round is seen for what it is.
 SLOW_CREATE_US = 300.0
 
 

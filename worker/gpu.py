@@ -6,10 +6,11 @@ On CPU the build check finds the one build and no GpuMemory is made.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from importlib import metadata
-from typing import Any
+from typing import Any, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -19,7 +20,8 @@ ONNXRUNTIME_BUILDS = ("onnxruntime", "onnxruntime-gpu", "onnxruntime-directml", 
                       "onnxruntime-qnn", "onnxruntime-rocm", "onnxruntime-silicon")
 
 
-def installed_onnxruntime_builds() -> list[str]:
+@functools.cache  # the environment does not change while the process runs; each Engine asks
+def installed_onnxruntime_builds() -> tuple[str, ...]:
     """The onnxruntime distributions installed in this environment (normally exactly one)."""
     found = []
     for name in ONNXRUNTIME_BUILDS:
@@ -28,10 +30,10 @@ def installed_onnxruntime_builds() -> list[str]:
         except metadata.PackageNotFoundError:
             continue
         found.append(name)
-    return found
+    return tuple(found)
 
 
-def conflicting_builds(builds: list[str]) -> str | None:
+def conflicting_builds(builds: Sequence[str]) -> str | None:
     """A warning when more than one onnxruntime build is installed, else None."""
     if len(builds) < 2:
         return None

@@ -110,12 +110,12 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any]
              warmup_s: float) -> dict[str, Any]:
     start, end = run["started_at"], run["finished_at"]
     processed = counts.get("done", 0) + counts.get("failed", 0)
-    if samples:  # the sampler counts what the pipeline processed: a soak replays its images, one row each
-        processed = max(processed, max(s.images_done for s in samples))
     span = (end - start).total_seconds() if end else None
     stages = {s: percentiles([r[i] for r in timing_rows]) for i, s in enumerate(STAGES)}
     memory: dict[str, Any] = {"samples": len(samples)}
     if samples:
+        # the sampler counts what the pipeline processed: a soak replays its images, one row each
+        processed = max(processed, max(s.images_done for s in samples))
         t0 = samples[0].at
         secs = [(s.at - t0).total_seconds() for s in samples]
         mb = [s.rss_bytes / 2**20 for s in samples]
