@@ -43,15 +43,18 @@ def test_query_filters_and_stats(cfg, tmp_path: Path, samples: Path) -> None:
     shutil.copy(samples / "page.png", folder / "line3" / "page.png")
     shutil.copy(samples / "astronaut.png", folder / "astronaut.png")
     (folder / "line3" / "bad.png").write_bytes(b"nope")
+    for name in ("bad2.jpg", "bad3.jpg", "bad4.jpg"):  # more failures than successes: they must not skew timings
+        (folder / "line3" / name).write_bytes(b"")
     summary = run_folder(cfg, folder)
     db = open_db(cfg.db)
 
     def rels(**kw) -> list[str]:
         return sorted(r["rel_path"] for r in query_images(db, Filters(**kw)))
 
-    assert rels() == ["astronaut.png", "line3/bad.png", "line3/page.png"]
-    assert rels(status="failed") == ["line3/bad.png"]
-    assert rels(path="line3/*") == ["line3/bad.png", "line3/page.png"]
+    bad = ["line3/bad.png", "line3/bad2.jpg", "line3/bad3.jpg", "line3/bad4.jpg"]
+    assert rels() == ["astronaut.png", *bad, "line3/page.png"]
+    assert rels(status="failed") == bad
+    assert rels(path="line3/*") == [*bad, "line3/page.png"]
     assert rels(label="text", min_score=0.5) == ["line3/page.png"]
     assert rels(min_score=0.99999) == []
     assert rels(run_id=summary.run_id) == rels() and rels(run_id=summary.run_id + 1) == []
@@ -60,8 +63,9 @@ def test_query_filters_and_stats(cfg, tmp_path: Path, samples: Path) -> None:
     assert rels(until=now - timedelta(hours=1)) == []
 
     (stats,) = run_stats(db, run_id=summary.run_id, warmup_s=0)
-    assert stats["counts"] == {"done": 2, "failed": 1}
-    assert stats["images_per_s"] > 0 and stats["latency_ms"]["infer_ms"]["p50"] > 0
+    assert stats["counts"] == {"done": 2, "failed": 4}
+    assert stats["images_per_s"] > 0 and stats["batch_size_mean"] == 1.0
+    assert all(stats["latency_ms"][s]["p50"] > 0 for s in ("decode_ms", "preprocess_ms", "infer_ms", "write_ms"))
     assert stats["memory"]["samples"] >= 2 and stats["memory"]["rss_peak_mb"] > 50
     db.dispose()
 

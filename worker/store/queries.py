@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, func, select
 
+from worker.jobs import JobStatus
 from worker.metrics import percentiles, slope_per_hour
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
 
@@ -97,8 +98,11 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
             rid = run["id"]
             counts = dict(c.execute(select(ImageRow.status, func.count()).where(ImageRow.run_id == rid)
                                     .group_by(ImageRow.status)).all())
+            # done images only: a failed image times the stages it reached and 0 for the rest, which
+            # would pull every percentile (and the mean batch) towards 0
             timing_rows = c.execute(select(*[getattr(TimingRow, s) for s in STAGES], TimingRow.batch_size)
-                                    .where(TimingRow.run_id == rid)).all()
+                                    .join(ImageRow, ImageRow.id == TimingRow.image_id)
+                                    .where(TimingRow.run_id == rid, ImageRow.status == JobStatus.DONE.value)).all()
             samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes,
                                        MemorySample.images_done)
                                 .where(MemorySample.run_id == rid).order_by(MemorySample.at)).all()
