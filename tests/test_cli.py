@@ -37,6 +37,10 @@ def test_every_command_documented_with_example() -> None:
         assert out.exit_code == 0 and "Example" in out.output, command
 
 
+def _not_json(token: str) -> None:
+    raise AssertionError(f"{token} is not JSON (strict parsers such as jq refuse it)")
+
+
 def _config(tmp_path: Path) -> Path:
     p = tmp_path / "config.yaml"
     p.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
@@ -67,10 +71,21 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     assert out.exit_code != 0 and "not an ISO date" in out.output
 
     out = r.invoke(cli, ["--config", str(conf), "stats", "--format", "json"])
-    (run,) = json.loads(out.output)
+    (run,) = json.loads(out.output, parse_constant=_not_json)
     assert run["counts"] == {"done": 1, "failed": 1}
+    assert run["memory"]["slope_mb_per_h"] is None  # a run of seconds has no slope after a 60 s warm-up
     out = r.invoke(cli, ["--config", str(conf), "stats"])
-    assert "infer_ms" in out.output and "MB/h" in out.output
+    assert "infer_ms" in out.output and "memory: RSS" in out.output and "too few samples" in out.output
+    assert "nan" not in out.output
+
+    # a rerun retries only the failed image: a run with no image done says so instead of NaN figures
+    out = r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"])
+    assert "done 0, failed 1" in out.output and "no image done" in out.output and "nan" not in out.output
+    out = r.invoke(cli, ["--config", str(conf), "stats", "--last", "1"])
+    assert "latency: no image done" in out.output and "mean batch: -" in out.output and "nan" not in out.output
+    (run,) = json.loads(r.invoke(cli, ["--config", str(conf), "stats", "--last", "1", "--format", "json"]).output,
+                        parse_constant=_not_json)
+    assert run["latency_ms"]["total_ms"]["p50"] is None
 
     out = r.invoke(cli, ["--config", str(conf), "models", "list"])
     assert "ppocr-det" in out.output and "segment" in out.output and str(ppocr_onnx) in out.output

@@ -53,8 +53,8 @@ def _print_summary(summary: Any) -> None:
     click.echo(f"run {summary.run_id} ({summary.mode}, model {summary.model}, providers {','.join(summary.providers)})")
     click.echo(f"  images {f['images']}: done {f['done']}, failed {f['failed']}, skipped {f['skipped']} "
                f"(already done)")
-    click.echo(f"  {f['images_per_s']} images/s over {f['seconds']} s; latency ms p50 {f['p50']} "
-               f"p95 {f['p95']} p99 {f['p99']}")
+    latency = f"latency ms p50 {f['p50']} p95 {f['p95']} p99 {f['p99']}" if f["done"] else "no image done"
+    click.echo(f"  {f['images_per_s']} images/s over {f['seconds']} s; {latency}")
     click.echo(f"  outbox:   {summary.outbox}")
     click.echo(f"  database: {summary.db}")
 
@@ -242,18 +242,27 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
         m = r["memory"]
         click.echo(f"run {r['run']} {r['mode']} model={r['model']} providers={r['providers']} "
                    f"started={r['started_at']} finished={r['finished_at'] or '(running or killed)'}")
-        click.echo(f"  counts: {json.dumps(r['counts'])}  images/s: {r['images_per_s']}  "
-                   f"mean batch: {r['batch_size_mean']}")
-        click.echo("  latency ms        p50       p95       p99")
-        for stage, p in r["latency_ms"].items():
-            click.echo(f"  {stage:<15}{p['p50']:>8}  {p['p95']:>8}  {p['p99']:>8}")
+        click.echo(f"  counts: {json.dumps(r['counts'])}  images/s: {_or_dash(r['images_per_s'])}  "
+                   f"mean batch: {_or_dash(r['batch_size_mean'])}")
+        if r["batch_size_mean"] is None:
+            click.echo("  latency: no image done")
+        else:
+            click.echo("  latency ms        p50       p95       p99")
+            for stage, p in r["latency_ms"].items():
+                click.echo(f"  {stage:<15}{p['p50']:>8}  {p['p95']:>8}  {p['p99']:>8}")
         if m["samples"]:
-            click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), "
-                       f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up, "
-                       f"{m['late_slope_mb_per_h']} MB/h over their second half")
+            slopes = (f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up, "
+                      f"{_or_dash(m['late_slope_mb_per_h'])} MB/h over their second half"
+                      if m["slope_mb_per_h"] is not None else
+                      f"too few samples after the {warm:g} s warm-up for a slope (--warmup)")
+            click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), {slopes}")
         if "gpu_peak_mb" in m:
             click.echo(f"  GPU memory: {m['gpu_start_mb']} -> {m['gpu_end_mb']} MB (peak {m['gpu_peak_mb']}), "
-                       f"slope {m['gpu_slope_mb_per_h']} MB/h after warm-up")
+                       f"slope {_or_dash(m['gpu_slope_mb_per_h'])} MB/h after warm-up")
+
+
+def _or_dash(value: Any) -> Any:
+    return "-" if value is None else value
 
 
 def _duration(value: str) -> float:
