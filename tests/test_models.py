@@ -71,3 +71,29 @@ def test_restricted_unpickler_refuses_other_globals(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="refusing global posix.system"):
         load_state_dict(p)
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("card, message", [
+    ("task: classify\npostprocess: {output: logits}\nlabels: [a, b, c]",
+     "the card lists 3 labels, but output 'logits' \\(1000,\\) has 1000 classes"),
+    ("task: segment\npostprocess: {output: logits}", "a segmenter's output must be one probability map"),
+    ("task: detect\npostprocess: {output: logits, layout: yolov8}", r"layout yolov8 needs one image's output as \[4\+C, A\]"),
+])
+def test_card_that_contradicts_its_model_stops_the_worker_at_start(tmp_path: Path, cfg, effnet_onnx: Path,
+                                                                    samples: Path, card: str, message: str) -> None:
+    """A wrong labels list or task would otherwise mislabel or fail every image, one by one."""
+    import dataclasses
+    import shutil
+
+    from worker.service import run_folder
+
+    folder = tmp_path / "models" / "mine"
+    folder.mkdir(parents=True)
+    shutil.copy(effnet_onnx, folder / "mine.onnx")
+    (folder / "model.yaml").write_text(f"name: mine\nonnx: mine.onnx\ninput: {{size: [224, 224]}}\n{card}\n")
+    images = tmp_path / "images"
+    images.mkdir()
+    shutil.copy(samples / "coffee.png", images)
+    with pytest.raises(ModelError, match=f"model 'mine': {message}"):
+        run_folder(dataclasses.replace(cfg, models_dir=tmp_path / "models", model="mine"), images)
+    assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))

@@ -462,8 +462,16 @@ def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int) -> Non
     try:
         ok, jpeg = cv2.imencode(".jpg", image)
         x, geometry = adapter.preprocess(decode(jpeg.tobytes(), "warm-up", max_pixels))
-        adapter.postprocess(engine.run(x[None])[0], geometry)
+        output = engine.run(x[None])[0]
     except Exception as e:  # only a warm-up: real images will say what is wrong, one by one
+        log.warning("warm-up of the image stages failed: %s", e)
+        return
+    # a card that contradicts its model (a labels file for another model, a multi-class segmenter)
+    # stops the worker here, instead of failing or mislabelling every image
+    adapter.check_output(output)
+    try:
+        adapter.postprocess(output, geometry)
+    except Exception as e:
         log.warning("warm-up of the image stages failed: %s", e)
 
 

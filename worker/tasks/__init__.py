@@ -6,6 +6,7 @@ from typing import Protocol
 
 import numpy as np
 
+from worker.errors import ModelError
 from worker.models.card import ModelCard
 from worker.results import Result
 from worker.tasks.preprocess import Geometry
@@ -19,6 +20,17 @@ class TaskAdapter(Protocol):
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Result:
         """One image's slice of the network output -> a result in original-image coordinates."""
         ...
+
+    def check_output(self, output: np.ndarray) -> None:
+        """Raise ModelError when one image's output contradicts the card (shape, number of classes)."""
+        ...
+
+
+def check_labels(card: ModelCard, classes: int, output: np.ndarray) -> None:
+    """The card's labels, when it has any, must name every class the model outputs, and no more."""
+    if card.labels and len(card.labels) != classes:
+        raise ModelError(f"model '{card.name}': the card lists {len(card.labels)} labels, but output "
+                         f"'{card.postprocess.output}' {tuple(output.shape)} has {classes} classes")
 
 
 def adapter_for(card: ModelCard) -> TaskAdapter:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from worker.results import Classification
+from worker.tasks import check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
@@ -15,6 +16,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class Classifier(CardPreprocessing):
+    def check_output(self, output: np.ndarray) -> None:
+        check_labels(self.card, output.size, output)  # (C,), or (C, 1, 1) as some exports give: raveled
+
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Classification:
         """output: (C,) logits for one image."""
         probs = softmax(output)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from worker.errors import ModelError
 from worker.results import Detections
+from worker.tasks import check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
@@ -55,6 +57,16 @@ def classwise_nms(xyxy: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, i
 
 
 class Detector(CardPreprocessing):
+    def check_output(self, output: np.ndarray) -> None:
+        layout = self.card.postprocess.layout
+        per_row = 4 if layout == "yolov8" else 5  # box (+ objectness) before the class scores
+        axis = 0 if layout == "yolov8" else 1
+        if output.ndim != 2 or output.shape[axis] <= per_row:
+            want = "[4+C, A]" if layout == "yolov8" else "[A, 5+C]"
+            raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}; "
+                             f"output '{self.card.postprocess.output}' is {list(output.shape)}")
+        check_labels(self.card, output.shape[axis] - per_row, output)
+
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
         p = self.card.postprocess
         xyxy, class_ids, scores = decode_rows(output, p.layout)

@@ -5,11 +5,18 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
+from worker.errors import ModelError
 from worker.results import Mask
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
 class Segmenter(CardPreprocessing):
+    def check_output(self, output: np.ndarray) -> None:
+        if output.ndim < 2 or output.size != output.shape[-2] * output.shape[-1]:
+            raise ModelError(f"model '{self.card.name}': a segmenter's output must be one probability map per "
+                             f"image, (N, 1, h, w) or (N, h, w); output '{self.card.postprocess.output}' is "
+                             f"(N, {', '.join(map(str, output.shape))})")
+
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Mask:
         """output: (1, h, w) or (h, w) probabilities for one image."""
         prob = output.reshape(output.shape[-2:])
