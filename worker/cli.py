@@ -7,6 +7,7 @@ import csv
 import io
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -261,8 +262,11 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
                        f"slope {_or_dash(m['gpu_slope_mb_per_h'])} MB/h after warm-up")
 
 
-def _or_dash(value: Any) -> Any:
-    return "-" if value is None else value
+def _or_dash(value: Any, spec: str = "") -> str:
+    """A figure, or '-' where there is none (None from the database, NaN from too few samples)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
 
 
 def _duration(value: str) -> float:
@@ -301,9 +305,12 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
     with _two_stage_stop() as stop:
         v = run_soak(cfg, images, _duration(duration), stop, warmup_s=_duration(warmup) if warmup else None)
     click.echo(f"soak run {v.run_id}: {v.images} images in {v.seconds} s ({v.images / max(v.seconds, 1e-9):.1f} images/s)")
-    click.echo(f"  RSS after warm-up: {v.rss_start_mb} -> {v.rss_end_mb} MB (growth {v.rss_end_mb - v.rss_start_mb:+.1f} MB, "
-               f"peak {v.rss_peak_mb} MB), slope {v.rss_slope_mb_per_h:.2f} MB/h over {v.samples} samples, "
-               f"{v.rss_late_slope_mb_per_h:.2f} MB/h over their second half (judged)")
+    if math.isnan(v.rss_slope_mb_per_h):  # the run ended within the warm-up: no trend to print
+        click.echo(f"  RSS: peak {v.rss_peak_mb} MB; {v.samples} samples after the warm-up, too few for a slope")
+    else:
+        click.echo(f"  RSS after warm-up: {v.rss_start_mb} -> {v.rss_end_mb} MB (growth {v.rss_end_mb - v.rss_start_mb:+.1f} MB, "
+                   f"peak {v.rss_peak_mb} MB), slope {v.rss_slope_mb_per_h:.2f} MB/h over {v.samples} samples, "
+                   f"{_or_dash(v.rss_late_slope_mb_per_h, '.2f')} MB/h over their second half (judged)")
     click.echo(f"  latency ms: start p50 {v.p50_start_ms:.1f} p99 {v.p99_start_ms:.1f}; "
                f"end p50 {v.p50_end_ms:.1f} p99 {v.p99_end_ms:.1f}")
     for note in v.notes:
