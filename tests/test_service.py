@@ -78,9 +78,8 @@ def test_images_left_in_flight_by_a_dead_worker_go_first_and_alone(cfg, tmp_path
     """After a crash, each image that was in flight is processed on its own before the rest: if it
     is the one that crashes the worker, only its own attempts count towards quarantine."""
     import hashlib
-    import threading
 
-    from worker.store.recorder import Claimed, Recorder, RunInfo
+    from worker.store.recorder import Claimed, Commit, Recorder, RunInfo
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -90,9 +89,9 @@ def test_images_left_in_flight_by_a_dead_worker_go_first_and_alone(cfg, tmp_path
     db = open_db(cfg.db)
     dead = Recorder(db, RunInfo("run", str(folder), "ppocr-det", "", "cpu", {}))  # a worker that claims, then dies
     for name in ("page.png", "text.png"):
-        committed = threading.Event()
+        committed = Commit()
         dead.put(Claimed(name, hashlib.sha256((folder / name).read_bytes()).hexdigest(), 1, committed))
-        committed.wait(10)
+        assert committed.wait(10)
     dead.close()
 
     summary = run_folder(cfg, folder)

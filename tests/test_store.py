@@ -6,6 +6,7 @@ import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, inspect, select, text
 
 from tests.conftest import wait_for
@@ -188,12 +189,10 @@ def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path)
     """The decode stage waits for a claim's commit, so an image that kills the worker while it is
     decoded has its attempt on record. Claims are committed when someone hurries the recorder and,
     grouped, when nobody does."""
-    import threading
-
     from sqlalchemy import select
 
     from worker.store.ledger import Ledger
-    from worker.store.recorder import Claimed, Recorder, RunInfo
+    from worker.store.recorder import Claimed, Commit, Recorder, RunInfo
     from worker.store.schema import ImageRow
 
     db = open_db(f"sqlite:///{tmp_path / 'c.db'}")
@@ -201,7 +200,7 @@ def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path)
     ledger = Ledger(db, "m")
     try:
         for i, hurry in enumerate((True, False, True)):
-            committed = threading.Event()
+            committed = Commit()
             rec.put(Claimed(f"{i}.png", "s" * 64, 10, committed))
             if hurry:
                 rec.hurry()
@@ -220,16 +219,14 @@ def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path)
 def test_recorder_hurry_writes_at_once_whatever_the_grouping(tmp_path: Path, monkeypatch) -> None:
     """A thread about to wait for a commit hurries the recorder: with grouping set to an hour, the
     claim is still committed (and the events queued before it with it)."""
-    import threading
-
     from worker.store import recorder as recorder_mod
-    from worker.store.recorder import Claimed, Recorder, RunInfo
+    from worker.store.recorder import Claimed, Commit, Recorder, RunInfo
 
     monkeypatch.setattr(recorder_mod, "GROUP_S", 3600.0)
     db = open_db(f"sqlite:///{tmp_path / 'h.db'}")
     rec = Recorder(db, RunInfo("run", "/x", "m", "", "cpu", {}))
     try:
-        events = [threading.Event() for _ in range(3)]
+        events = [Commit() for _ in range(3)]
         for i, committed in enumerate(events):
             rec.put(Claimed(f"{i}.png", "s" * 64, 10, committed))
         rec.hurry()
@@ -334,4 +331,38 @@ def test_a_reader_holding_its_snapshot_does_not_stall_the_writer_every_second(tm
         reader.rollback()
         reader.close()
         rec.close()
+    db.dispose()
+
+
+@pytest.mark.parametrize("table", ["results", "images"])
+def test_an_outcome_the_database_refuses_leaves_its_input_in_the_inbox(cfg, samples: Path, table: str, caplog) -> None:
+    """A database that refuses writes (disk full, server down; here a trigger that aborts every insert
+    into one table) must not stop the worker, and an input whose outcome is not on record must not be
+    archived as if it were: it stays in the inbox and is processed once the database takes writes again."""
+    import threading
+
+    from worker.service import watch
+
+    cfg.inbox.mkdir(parents=True)
+    for name in ("page.png", "text.png"):
+        shutil.copy(samples / name, cfg.inbox / name)
+    db = open_db(cfg.db)
+    with db.begin() as c:  # `images` refuses claims and outcomes alike; `results` only done outcomes
+        c.execute(text(f"CREATE TRIGGER refuse BEFORE INSERT ON {table} BEGIN SELECT RAISE(ABORT, 'refused'); END"))
+    summary = watch(cfg, threading.Event(), burst=True)
+    assert summary.figures["images"] == 2
+    assert sorted(p.name for p in cfg.inbox.iterdir()) == ["page.png", "text.png"]
+    assert not (cfg.archive / "done").exists() or not list((cfg.archive / "done").iterdir())
+    with db.connect() as c:
+        assert c.execute(select(func.count()).where(ImageRow.status == "done")).scalar() == 0
+    assert "could not be recorded" in caplog.text and "left in the inbox" in caplog.text
+
+    with db.begin() as c:
+        c.execute(text("DROP TRIGGER refuse"))
+    watch(cfg, threading.Event(), burst=True)
+    assert not list(cfg.inbox.iterdir())
+    assert sorted(p.name for p in (cfg.archive / "done").iterdir()) == ["page.png", "text.png"]
+    with db.connect() as c:
+        assert c.execute(select(ImageRow.rel_path, ImageRow.status).order_by(ImageRow.rel_path)).all() == [
+            ("page.png", "done"), ("text.png", "done")]
     db.dispose()

@@ -39,7 +39,7 @@ from worker.models.card import ModelCard
 from worker.outbox import Outbox, move_verified
 from worker.results import labels_of, top_score
 from worker.store.ledger import Ledger
-from worker.store.recorder import Claimed, Finished, Recorder
+from worker.store.recorder import Claimed, Commit, Finished, Recorder
 from worker.tasks import TaskAdapter
 from worker.tasks.preprocess import Geometry, needed_size
 
@@ -94,7 +94,7 @@ class _Item:
     output: np.ndarray | None = None
     data: bytes | None = None  # the file's bytes, from reading to decoding
     identity: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of the file as it was read
-    committed: threading.Event | None = None  # set once the claim is in the database
+    committed: Commit | None = None  # set once the claim's transaction has ended
     error: str | None = None
     skipped: bool = False  # already done with the same content and model
     timings: dict[str, float] = field(default_factory=dict)
@@ -256,7 +256,7 @@ class Pipeline:
         if known is not None and known.attempts >= self.settings.max_attempts:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
-        item.committed = threading.Event()
+        item.committed = Commit()
         self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed))
         return True
 
@@ -266,7 +266,10 @@ class Pipeline:
         item.data = None
         if not item.committed.is_set():
             self.recorder.hurry()  # nothing else to do here: no point in the recorder gathering more
-            item.committed.wait()  # the attempt is on record before decoding: a crash in the decoder counts
+        # the attempt is on record before decoding: a crash in the decoder counts
+        if not item.committed.wait():
+            item.error = "not processed: the database refused its claim (see the log)"
+            return False
         t0 = time.perf_counter()
         item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
         if self.settings.jpeg_reduce and not self.settings.keep_image:
@@ -341,7 +344,7 @@ class Pipeline:
         if self.on_finished is not None:
             self.on_finished(job, status)
 
-    def _finish(self, item: _Item) -> tuple[JobStatus, threading.Event | None]:
+    def _finish(self, item: _Item) -> tuple[JobStatus, Commit | None]:
         """Returns the outcome and, in watch mode, the event set once the recorder has committed it."""
         job = item.job
         if item.skipped:
@@ -394,15 +397,19 @@ class Pipeline:
         out["batch_size"] = item.batch_size
         return out
 
-    def _committed(self) -> threading.Event | None:
-        return threading.Event() if self.settings.archive is not None else None
+    def _committed(self) -> Commit | None:
+        return Commit() if self.settings.archive is not None else None
 
     # -- stage 4 (watch mode): move inputs out of the inbox ------------------------------------
     def _archive_loop(self) -> None:
         while (entry := self._to_archive.get()) is not _STOP:
             job, status, committed, identity = entry
-            if committed is not None:
-                committed.wait()  # only once its row is durable: a crash before never loses the image
+            # only once its row is durable: a crash before never loses the image; an outcome the
+            # database refused leaves the input in the inbox, where the next rescan offers it again
+            if committed is not None and not committed.wait():
+                log.error("%s: its outcome could not be recorded: left in the inbox", job.rel)
+                self._done(job, status)
+                continue
             try:
                 self._archive(job, status, identity)
             except Exception:  # never let one input stop the stage: it stays in the inbox, logged

@@ -1,7 +1,9 @@
 """The only writer to the database: one thread, batched transactions.
 
-Stages hand it frozen events; it writes them in order. An event can carry a `committed` flag that
-is set once its transaction is durable, for the callers that must not act before (the archive move).
+Stages hand it frozen events; it writes them in order. An event can carry a `Commit` that is set
+once its transaction has ended, for the callers that must not act before (the archive move), and says
+whether the event is in the database: an event the database refuses (disk full, server down, after a
+retry) is logged and reported as not recorded, and the recorder keeps going.
 """
 
 from __future__ import annotations
@@ -95,6 +97,25 @@ class RunInfo:
     config: dict[str, Any] = field(hash=False)
 
 
+class Commit:
+    """Set by the recorder once an event's transaction has ended; `wait()` says whether it is recorded."""
+
+    def __init__(self) -> None:
+        self._ended = threading.Event()
+        self._recorded = False
+
+    def set(self, recorded: bool = True) -> None:
+        self._recorded = recorded
+        self._ended.set()
+
+    def is_set(self) -> bool:
+        return self._ended.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """True once the event is in the database; False if the database refused it (or on timeout)."""
+        return self._ended.wait(timeout) and self._recorded
+
+
 @dataclass(frozen=True, eq=False)
 class Claimed:
     """An image is about to be processed: status processing, attempts + 1.
@@ -105,7 +126,7 @@ class Claimed:
     rel: str
     sha256: str
     size: int
-    committed: threading.Event | None = None
+    committed: Commit | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,7 +145,7 @@ class Finished:
     mask_path: str | None = None
     labels: tuple[tuple[int, str, float], ...] = ()
     timings: dict[str, float] | None = None
-    committed: threading.Event | None = None
+    committed: Commit | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,6 +180,7 @@ class Recorder:
         # upserts are dialect-specific (SQLite and PostgreSQL both have ON CONFLICT DO UPDATE)
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
+        self.refused = 0  # events the database refused (logged; their producers were told)
         self._statements()
         self._sqlite = engine.dialect.name == "sqlite"
         self._conn = self._connect()  # held by the recorder thread: a pool checkout per transaction costs more
@@ -187,6 +209,9 @@ class Recorder:
         """Write everything queued, stamp the run's end, stop the thread."""
         self._queue.put(_STOP)
         self._thread.join()
+        if self.refused:
+            log.error("%d events could not be recorded (logged above): their images are not on record as done, "
+                      "and the next run, or watch's next rescan, processes them again", self.refused)
         self._stop_checkpoints.set()
         if self._checkpointer is not None:
             self._checkpointer.join()
@@ -211,6 +236,7 @@ class Recorder:
             batch = [e for e in batch if e is not _STOP and e is not _HURRY]
             if not batch:
                 continue
+            refused: set[int] = set()  # id() of the events the database would not take
             try:
                 self._write(batch)
             except Exception:  # one bad batch must not stop the recorder: retry events one by one
@@ -219,11 +245,17 @@ class Recorder:
                 for e in batch:
                     try:
                         self._write([e])
-                    except Exception:
-                        log.exception("recorder: dropped event %r", e)
+                    except Exception as err:
+                        log.error("recorder: could not record %s: %s", _describe(e), err)
+                        refused.add(id(e))
+                        if isinstance(e, Claimed):  # not on record: its outcome must claim the row itself
+                            self._claimed.pop((e.rel, e.sha256), None)
+                if refused:
+                    self.refused += len(refused)
+                    self._reconnect()
             for e in batch:
                 if not isinstance(e, Sample) and e.committed is not None:
-                    e.committed.set()
+                    e.committed.set(id(e) not in refused)
 
     def _reconnect(self) -> None:
         """After a failed transaction: a fresh connection, in case the old one is broken (server restart)."""
@@ -231,7 +263,10 @@ class Recorder:
             self._release(self._conn)
         except Exception:
             pass
-        self._conn = self._connect()
+        try:
+            self._conn = self._connect()
+        except Exception as e:  # the next batch fails on the closed connection and comes back here
+            log.error("recorder: cannot reconnect to the database: %s", e)
 
     def _connect(self) -> Connection:
         conn = self.engine.connect()
@@ -359,6 +394,14 @@ class Recorder:
         wanted = {(c["rel"], c["sha"]) for c in claims}
         rows = conn.execute(self._ids, {"model": self.model, "rels": sorted({rel for rel, _ in wanted})})
         return {(r.rel_path, r.sha256): (r.id, r.created_at == now) for r in rows if (r.rel_path, r.sha256) in wanted}
+
+
+def _describe(event: Event) -> str:
+    if isinstance(event, Claimed):
+        return f"the claim of {event.rel}"
+    if isinstance(event, Finished):
+        return f"the outcome of {event.rel} ({event.status.value})"
+    return "a memory sample"
 
 
 def checkpoint(dbapi_conn: Any, mode: str = "PASSIVE", wait_ms: int | None = None) -> tuple[int, int, int]:
