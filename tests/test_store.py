@@ -366,3 +366,48 @@ def test_an_outcome_the_database_refuses_leaves_its_input_in_the_inbox(cfg, samp
         assert c.execute(select(ImageRow.rel_path, ImageRow.status).order_by(ImageRow.rel_path)).all() == [
             ("page.png", "done"), ("text.png", "done")]
     db.dispose()
+
+
+def test_in_flight_are_the_images_of_workers_that_are_gone(tmp_path: Path) -> None:
+    """Recovery takes over the images a dead worker left `processing`, never a live worker's: a second
+    worker on the same database (another inbox, a `run` beside a `watch`) leaves them to their owner."""
+    import subprocess
+    import sys
+
+    from worker.store.ledger import Ledger
+    from worker.store.recorder import Claimed, Commit, Recorder, RunInfo
+    from worker.store.schema import Run
+
+    db = open_db(f"sqlite:///{tmp_path / 'f.db'}")
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    runs: dict[str, Recorder] = {}
+    try:
+        # "restarted" keeps this process's pid: a container's worker restarts under the same pid
+        for name in ("live", "killed", "finished", "elsewhere", "restarted"):
+            rec = Recorder(db, RunInfo("watch", "/in", "m", "", "cpu", {}))
+            committed = Commit()
+            rec.put(Claimed(f"{name}.png", "s" * 64, 10, committed))
+            assert committed.wait(10)
+            runs[name] = rec  # open: its run is not finished
+        # the runs as other processes would have left them: one alive, one killed, one on another host
+        with db.begin() as c:
+            c.execute(Run.__table__.update().where(Run.id == runs["live"].run_id).values(pid=other.pid))
+            c.execute(Run.__table__.update().where(Run.id == runs["elsewhere"].run_id).values(host="another-host"))
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        with db.begin() as c:
+            c.execute(Run.__table__.update().where(Run.id == runs["killed"].run_id).values(pid=dead.pid))
+        runs["finished"].close()
+        ledger = Ledger(db, "m")
+        assert ledger.in_flight() == ["finished.png", "killed.png", "restarted.png"]
+        other.kill()
+        other.wait()
+        assert ledger.in_flight() == ["finished.png", "killed.png", "live.png", "restarted.png"]
+        ledger.close()
+    finally:
+        other.kill()
+        other.wait()
+        for name in ("live", "killed", "elsewhere", "restarted"):
+            if name in runs:
+                runs[name].close()
+    db.dispose()

@@ -107,6 +107,20 @@ def test_a_file_renamed_into_place_is_taken_on_its_event(cfg, samples: Path) -> 
     assert grouper.delay == MOVE_PAIRING_S
 
 
+def test_a_second_watcher_on_the_same_inbox_refuses_to_start(cfg, tmp_path: Path) -> None:
+    """Each would take files the other is processing and move them away from under it."""
+    from worker.errors import WorkerError
+
+    cfg.inbox.mkdir(parents=True)
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        with pytest.raises(WorkerError, match="another worker is watching this inbox"):
+            watch(cfg, threading.Event(), burst=True)
+        other = dataclasses.replace(cfg, inbox=tmp_path / "other-inbox")  # another inbox: no conflict
+        assert watch(other, threading.Event(), burst=True).figures["images"] == 0
+    assert watch(cfg, threading.Event(), burst=True).figures["images"] == 0  # released when the first stops
+
+
 def test_the_observer_stop_race_is_not_logged_as_an_error(tmp_path: Path, caplog) -> None:
     observer = start_observer(Intake(tmp_path, (".jpg",), 1.0, 0.0, lambda job: None), "native", 1.0)
     observer.stop()

@@ -15,7 +15,7 @@ from worker.config import Config
 from worker.engine import Engine, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import walk
-from worker.intake.watch import Intake, start_observer
+from worker.intake.watch import Intake, inbox_lock, start_observer
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card
@@ -140,6 +140,12 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     seen by its event (for supervisors, and for the bench's steady feed)."""
     inbox = cfg.inbox.absolute()
     inbox.mkdir(parents=True, exist_ok=True)
+    with inbox_lock(inbox):
+        return _watch(cfg, inbox, stop, burst, on_finished, ready)
+
+
+def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
+           on_finished: Callable[[Job, JobStatus], None] | None, ready: threading.Event | None) -> Summary:
     intake: Intake | None = None
 
     def finished(job: Job, status: JobStatus) -> None:
