@@ -30,7 +30,7 @@ from sqlalchemy import Engine as DbEngine
 
 from worker.batcher import Batcher
 from worker.engine import Engine
-from worker.errors import ImageError, InputGone, WorkerError
+from worker.errors import ImageError, ImageTooLarge, InputGone, WorkerError
 from worker.gpu import GpuMemory
 from worker.images import decode, decode_reduced
 from worker.jobs import Job, JobStatus
@@ -49,6 +49,9 @@ _STOP: Any = object()
 # busy pipeline's claims share transactions (see recorder.GROUP_S) and no thread waits for a commit
 CLAIM_AHEAD = 4
 CLAIM_AHEAD_BYTES = 64 << 20
+# a file bigger than this many bytes per allowed pixel (16-bit RGBA, uncompressed) is refused unread:
+# reading it whole would cost its size in memory on each decode thread
+MAX_BYTES_PER_PIXEL = 8
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,9 @@ class Pipeline:
         try:
             with open(job.path, "rb") as f:
                 st = os.fstat(f.fileno())
+                if self.settings.max_pixels and st.st_size > MAX_BYTES_PER_PIXEL * self.settings.max_pixels:
+                    raise ImageTooLarge(job.rel, f"{st.st_size} bytes is more than any image within the pixel "
+                                                 f"limit takes ({MAX_BYTES_PER_PIXEL} bytes x pipeline.max_pixels)")
                 item.data = f.read()
             item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
