@@ -104,3 +104,39 @@ def test_images_left_in_flight_by_a_dead_worker_go_first_and_alone(cfg, tmp_path
     last_suspect = max(rows[n].updated_at for n in ("page.png", "text.png"))
     first_other = min(rows[n].updated_at for n in names if n not in ("page.png", "text.png"))
     assert last_suspect <= first_other  # both finished before any other image finished
+
+
+def test_a_new_version_of_the_model_file_processes_done_images_again(cfg, tmp_path: Path, samples: Path,
+                                                                      effnet_onnx: Path) -> None:
+    """Done means done with this model file: after retraining (a new file under the same card) a rerun
+    must not skip every image as already done with the old weights."""
+    import dataclasses
+
+    import onnx
+
+    card = tmp_path / "models" / "mine"
+    card.mkdir(parents=True)
+    shutil.copy(effnet_onnx, card / "mine.onnx")
+    (card / "model.yaml").write_text("name: mine\ntask: classify\nonnx: mine.onnx\n"
+                                     "input: {name: input, size: [224, 224], dynamic_batch: true}\n"
+                                     "postprocess: {output: logits}\n")
+    cfg = dataclasses.replace(cfg, models_dir=tmp_path / "models", model="mine")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("coffee.png", "chelsea.png"):
+        shutil.copy(samples / name, folder / name)
+
+    def figures() -> tuple[int, int]:
+        f = run_folder(cfg, folder).figures
+        return f["done"], f["skipped"]
+
+    assert figures() == (2, 0) and figures() == (0, 2)
+    model = onnx.load(card / "mine.onnx")
+    model.doc_string = "retrained"  # another file (another sha256) under the same card
+    onnx.save(model, card / "mine.onnx")
+    assert figures() == (2, 0) and figures() == (0, 2)
+    db = open_db(cfg.db)
+    with db.connect() as c:
+        assert c.execute(select(ImageRow.attempts)).scalars().all() == [1, 1]  # a fresh count, not 2
+        assert c.scalar(select(func.count()).select_from(ResultRow)) == 2  # replaced, never two
+    db.dispose()

@@ -257,8 +257,10 @@ class Pipeline:
         item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
         known = None if self.settings.replay else self._ledger.check(job.rel, item.sha256)
         if known is not None and known.status == JobStatus.DONE.value:
-            item.skipped, item.data = True, None
-            return False
+            if known.model_sha256 == self.recorder.model_sha256:
+                item.skipped, item.data = True, None
+                return False
+            known = None  # done with another version of the model's file (retrained): processed again
         if known is not None and known.attempts >= self.settings.max_attempts:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")

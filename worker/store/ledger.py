@@ -24,10 +24,13 @@ class Known:
     status: str
     attempts: int
     error: str | None
+    model_sha256: str | None  # of the model file of the run that last processed the image
 
 
-_LOOKUP = select(ImageRow.status, ImageRow.attempts, ImageRow.error).where(
-    ImageRow.rel_path == bindparam("rel"), ImageRow.sha256 == bindparam("sha"), ImageRow.model == bindparam("model"))
+_LOOKUP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256)
+           .join(Run, Run.id == ImageRow.run_id, isouter=True)
+           .where(ImageRow.rel_path == bindparam("rel"), ImageRow.sha256 == bindparam("sha"),
+                  ImageRow.model == bindparam("model")))
 
 
 class Ledger:
@@ -50,7 +53,7 @@ class Ledger:
         finally:
             cur.close()
         conn.rollback()  # end the read transaction some drivers open (PostgreSQL); a no-op on SQLite
-        return Known(row[0], row[1], row[2]) if row else None
+        return Known(row[0], row[1], row[2], row[3]) if row else None
 
     def in_flight(self) -> list[str]:
         """Paths left `processing` for this model by a worker that is gone. A worker still running

@@ -170,6 +170,7 @@ class Recorder:
     def __init__(self, engine: Engine, info: RunInfo) -> None:
         self.engine = engine
         self.model = info.model
+        self.model_sha256 = info.model_sha256
         with Session(engine) as s, s.begin():
             run = Run(mode=info.mode, host=socket.gethostname(), pid=os.getpid(), root=info.root,
                       model=info.model, model_sha256=info.model_sha256, providers=info.providers,
@@ -309,8 +310,12 @@ class Recorder:
             created_at=now, updated_at=now)
         upsert = ins.on_conflict_do_update(
             index_elements=[IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.model],
+            # attempts count towards quarantine until the image is done; a done image processed again
+            # (a soak's replay, a new version of the model's file) starts a fresh count
             set_=dict(run_id=ins.excluded.run_id, status=ins.excluded.status, error=None,
-                      updated_at=ins.excluded.updated_at, attempts=IMAGES.c.attempts + ins.excluded.attempts),
+                      updated_at=ins.excluded.updated_at,
+                      attempts=case((IMAGES.c.status == JobStatus.DONE.value, ins.excluded.attempts),
+                                    else_=IMAGES.c.attempts + ins.excluded.attempts)),
         )
         self._ids = select(IMAGES.c.id, IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.created_at).where(
             IMAGES.c.model == bindparam("model"), IMAGES.c.rel_path.in_(bindparam("rels", expanding=True)))
