@@ -230,4 +230,3 @@ def inbox_lock(inbox: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
-
