@@ -139,3 +139,33 @@ def test_burst_of_2000_files_into_a_watched_inbox(effcfg, samples: Path) -> None
     assert len(rows) == n and all(r.status == "done" and r.attempts == 1 for r in rows.values())
     assert len(done) == n and len(set(done)) == n, "each file processed exactly once"
     assert len([p for p in (cfg.archive / "done").rglob("*.png")]) == n
+
+
+def test_a_full_outbox_disk_fails_each_image_with_the_reason(effcfg, tmp_path: Path, samples: Path) -> None:
+    """A real full filesystem (a 64 KB tmpfs) under the outbox: the images that fit are done, each
+    other one fails with the reason, on record, and the run goes on; no temporary file is left."""
+    import subprocess
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        folder = tmp_path / "in"
+        folder.mkdir()
+        data = (samples / "coffee.png").read_bytes()
+        for i in range(40):  # distinct content, so none is skipped as a duplicate
+            (folder / f"c{i:02d}.png").write_bytes(data + bytes([i]))
+        cfg = dataclasses.replace(effcfg, outbox=small / "out")
+        figures = run_folder(cfg, folder).figures
+        assert figures["done"] >= 1 and figures["failed"] >= 1 and figures["done"] + figures["failed"] == 40
+        rows = image_rows(cfg)
+        assert len(rows) == 40
+        for rel, row in rows.items():
+            if row.status == "failed":
+                assert row.error == f"cannot write its outputs under {small / 'out'}: No space left on device", rel
+            else:
+                assert (small / "out" / f"{rel}.json").exists(), rel
+        assert not [p for p in (small / "out").iterdir() if p.name.startswith(".tmp-")]
+    finally:
+        subprocess.run(["umount", str(small)], check=True)

@@ -363,6 +363,8 @@ class Pipeline:
         if item.error is None and item.output is not None and item.geometry is not None:
             try:
                 event = self._succeed(item, t0)
+            except OSError as e:  # the outbox's disk, not the image (disk full, read-only): no traceback
+                item.error = f"cannot write its outputs under {self.outbox.root}: {e.strerror or e}"
             except Exception as e:
                 log.exception("postprocess/write %s", job.rel)
                 item.error = f"{type(e).__name__}: {e}"
