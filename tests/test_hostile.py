@@ -141,31 +141,81 @@ def test_burst_of_2000_files_into_a_watched_inbox(effcfg, samples: Path) -> None
     assert len([p for p in (cfg.archive / "done").rglob("*.png")]) == n
 
 
-def test_a_full_outbox_disk_fails_each_image_with_the_reason(effcfg, tmp_path: Path, samples: Path) -> None:
-    """A real full filesystem (a 64 KB tmpfs) under the outbox: the images that fit are done, each
-    other one fails with the reason, on record, and the run goes on; no temporary file is left."""
+def _fill(fs: Path, leave: int) -> Path:
+    """Fill the filesystem at fs, then give back `leave` bytes: a ballast file to delete later."""
+    ballast = fs / "ballast"
+    with open(ballast, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(bytes(4096))
+        except OSError:  # full
+            pass
+    os.truncate(ballast, max(ballast.stat().st_size - leave, 0))
+    return ballast
+
+
+def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_path: Path, samples: Path,
+                                                                   monkeypatch) -> None:
+    """A real full filesystem (a small tmpfs) under the outbox: no image is failed for it. The images
+    that cannot be written wait (queued, the attempt not counted) with intake paused, and go on once
+    room is made; stopped while waiting, the run leaves them queued for the next one."""
     import subprocess
+
+    import worker.pipeline as pipeline_mod
 
     small = tmp_path / "small"
     small.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(small)], capture_output=True).returncode:
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
+    monkeypatch.setattr(pipeline_mod, "ROOM_CHECK_S", 0.1)
     try:
-        folder = tmp_path / "in"
-        folder.mkdir()
-        data = (samples / "coffee.png").read_bytes()
-        for i in range(40):  # distinct content, so none is skipped as a duplicate
-            (folder / f"c{i:02d}.png").write_bytes(data + bytes([i]))
         cfg = dataclasses.replace(effcfg, outbox=small / "out")
-        figures = run_folder(cfg, folder).figures
-        assert figures["done"] >= 1 and figures["failed"] >= 1 and figures["done"] + figures["failed"] == 40
+        (small / "out").mkdir()
+        data = (samples / "coffee.png").read_bytes()
+
+        def folder(name: str, n: int) -> Path:
+            d = tmp_path / name
+            d.mkdir()
+            for i in range(n):  # distinct content, so none is skipped as a duplicate
+                (d / f"{name}{i:02d}.png").write_bytes(data + name.encode() + bytes([i]))
+            return d
+
+        def start(d: Path, stop: threading.Event) -> tuple[threading.Thread, list]:
+            out: list = []
+            t = threading.Thread(target=lambda: out.append(run_folder(cfg, d, stop=stop)))
+            t.start()
+            return t, out
+
+        def waiting() -> bool:
+            return any(r.status == "queued" for r in image_rows(cfg).values()) if Path(cfg.db[10:]).exists() else False
+
+        # room made while the run waits: every image done, each with one attempt
+        ballast = _fill(small, 12 << 10)
+        t, out = start(folder("a", 30), threading.Event())
+        assert wait_for(waiting, 60)
+        queued = [r for r in image_rows(cfg).values() if r.status == "queued"]
+        assert "waiting for room in the outbox" in queued[0].error and "No space left on device" in queued[0].error
+        ballast.unlink()
+        t.join(120)
+        assert not t.is_alive() and out[0].figures["done"] == 30 and out[0].figures["failed"] == 0
         rows = image_rows(cfg)
-        assert len(rows) == 40
-        for rel, row in rows.items():
-            if row.status == "failed":
-                assert row.error == f"cannot write its outputs under {small / 'out'}: No space left on device", rel
-            else:
-                assert (small / "out" / f"{rel}.json").exists(), rel
+        assert {(r.status, r.attempts) for r in rows.values()} == {("done", 1)} and len(rows) == 30
+        assert all((small / "out" / f"{rel}.json").exists() for rel in rows)
+
+        # stopped while waiting: nothing failed, what waits is left for the next run, which does it
+        ballast = _fill(small, 8 << 10)
+        b = folder("b", 20)
+        stop = threading.Event()
+        t, out = start(b, stop)
+        assert wait_for(waiting, 60)
+        stop.set()
+        t.join(60)
+        assert not t.is_alive() and out[0].figures["failed"] == 0 and out[0].figures["done"] < 20
+        assert not [r for r in image_rows(cfg).values() if r.status not in ("done", "queued")]
+        ballast.unlink()
+        assert run_folder(cfg, b).figures["failed"] == 0
+        rows = image_rows(cfg)
+        assert len(rows) == 50 and {(r.status, r.attempts) for r in rows.values()} == {("done", 1)}
         assert not [p for p in (small / "out").iterdir() if p.name.startswith(".tmp-")]
     finally:
-        subprocess.run(["umount", str(small)], check=True)
+        subprocess.run(["umount", "-l", str(small)], check=True)

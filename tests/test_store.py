@@ -414,3 +414,26 @@ def test_in_flight_are_the_images_of_workers_that_are_gone(tmp_path: Path) -> No
             if name in runs:
                 runs[name].close()
     db.dispose()
+
+
+def test_workers_starting_at_once_on_a_new_database_migrate_it_once(tmp_path: Path) -> None:
+    """Two watchers sharing a new database, started together (or a query beside a starting worker):
+    the second must not fail creating tables the first just created."""
+    import threading
+
+    for attempt in range(5):
+        url = f"sqlite:///{tmp_path / f'new{attempt}.db'}"
+        errors: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                open_db(url).dispose()
+            except BaseException as e:  # noqa: BLE001 (collected, asserted below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=start) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors, errors

@@ -28,6 +28,10 @@ class StoreError(WorkerError):
     """The database cannot be opened or migrated."""
 
 
+class OutboxFull(WorkerError):
+    """The outbox's filesystem has no room (disk full, quota): no image's fault, so the images wait."""
+
+
 class ImageError(WorkerError):
     """One image cannot be processed. Recorded against the image; the worker keeps going."""
 

@@ -21,11 +21,13 @@ import cv2
 import numpy as np
 
 from worker.draw import overlay, yolo_txt
-from worker.errors import WorkerError
+from worker.errors import OutboxFull, WorkerError
 from worker.maskpng import encode_mask_png
 from worker.results import Detections, Mask, Result
 
 TMP_PREFIX = ".tmp-"
+FULL = {errno.ENOSPC, errno.EDQUOT}  # the filesystem, not the file: writes wait for room
+ROOM_PROBE_BYTES = 1 << 16
 
 
 def inside(root: Path, rel: str) -> Path:
@@ -81,7 +83,29 @@ class Outbox:
               image: np.ndarray | None = None) -> tuple[str | None, str | None]:
         """Write one image's outputs; returns (json_path, mask_path) relative to the outbox.
 
-        `image` (uint8 BGR) is needed only for overlays."""
+        `image` (uint8 BGR) is needed only for overlays. Raises OutboxFull when the filesystem has
+        no room (the outputs already written are complete files, overwritten on the retry)."""
+        try:
+            return self._write(rel, result, document, image)
+        except OSError as e:
+            if e.errno in FULL:
+                raise OutboxFull(f"{self.root}: {e.strerror}") from e
+            raise
+
+    def has_room(self, nbytes: int = ROOM_PROBE_BYTES) -> bool:
+        """Whether a file of `nbytes` can be written under the root now (written, then removed)."""
+        probe = self.root / f"{TMP_PREFIX}room.{os.getpid()}.{threading.get_native_id()}"
+        try:
+            with open(probe, "wb") as f:
+                f.write(bytes(nbytes))
+            return True
+        except OSError as e:
+            return e.errno not in FULL  # another error is not a lack of room: the real write will say
+        finally:
+            probe.unlink(missing_ok=True)
+
+    def _write(self, rel: str, result: Result, document: dict[str, Any],
+               image: np.ndarray | None) -> tuple[str | None, str | None]:
         if isinstance(result, Detections) and self.write_yolo_txt:
             write_atomic(self._inside(rel + ".txt"), yolo_txt(result).encode())
         if self.write_overlays and image is not None:

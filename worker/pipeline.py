@@ -30,7 +30,7 @@ from sqlalchemy import Engine as DbEngine
 
 from worker.batcher import Batcher
 from worker.engine import Engine
-from worker.errors import ImageError, ImageTooLarge, InputGone, WorkerError
+from worker.errors import ImageError, ImageTooLarge, InputGone, OutboxFull, WorkerError
 from worker.gpu import GpuMemory
 from worker.images import decode, decode_reduced
 from worker.jobs import Job, JobStatus
@@ -45,6 +45,7 @@ from worker.tasks.preprocess import Geometry, needed_size
 
 log = logging.getLogger(__name__)
 _STOP: Any = object()
+_WAKE: Any = object()  # wakes a decode thread waiting for a job: images wait to be retried (outbox full)
 # a decode thread claims up to this many waiting jobs (and bytes) ahead of decoding: enough that a
 # busy pipeline's claims share transactions (see recorder.GROUP_S) and no thread waits for a commit
 CLAIM_AHEAD = 4
@@ -52,6 +53,8 @@ CLAIM_AHEAD_BYTES = 64 << 20
 # a file bigger than this many bytes per allowed pixel (16-bit RGBA, uncompressed) is refused unread:
 # reading it whole would cost its size in memory on each decode thread
 MAX_BYTES_PER_PIXEL = 8
+# while the outbox's disk is full, one decode thread looks for room this often (and takes no new job)
+ROOM_CHECK_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -129,6 +132,13 @@ class Pipeline:
         self._archived_lock = threading.Lock()
         self._pending = 0
         self._idle = threading.Condition()
+        # the outbox's disk is full: intake pauses, and the images that could not be written wait
+        # here (still pending) until there is room again; see _defer
+        self._outbox_room = threading.Event()
+        self._outbox_room.set()
+        self._room_check = threading.Lock()
+        self._deferred: deque[Job] = deque()
+        self._closing = threading.Event()  # stopping: nothing waits for room in the outbox any more
         size = (card.input.size[0], card.input.size[1])
         self._size_hw = size
         self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
@@ -186,6 +196,8 @@ class Pipeline:
 
     def close(self) -> None:
         """Finish the jobs in flight, then stop every thread (sentinels flow stage by stage)."""
+        self._closing.set()  # a decode thread waiting for room in the outbox gives up
+        self.abandon_waiting()
         queues = [self._jobs, self._prepared, self._inferred, self._to_archive]
         for q, threads in zip(queues, self._stages):
             for _ in threads:
@@ -209,10 +221,19 @@ class Pipeline:
             # claim the jobs that are waiting (up to CLAIM_AHEAD, and 64 MiB) before decoding the oldest:
             # their claims then share one transaction; block for a job only when nothing is claimed
             while not stopping and len(ahead) < CLAIM_AHEAD and sum(i.size for i in ahead) < CLAIM_AHEAD_BYTES:
+                if not self._outbox_room.is_set():
+                    if ahead:
+                        break  # decode what is claimed first
+                    self._wait_for_outbox_room()
                 try:
-                    job = self._jobs.get(block=not ahead)
-                except queue.Empty:
+                    job = self._deferred.popleft() if self._deferred else self._jobs.get(block=not ahead)
+                except (queue.Empty, IndexError):
                     break
+                if job is _WAKE:
+                    continue
+                if job is not _STOP and self._closing.is_set() and not self._outbox_room.is_set():
+                    self._done(job, JobStatus.QUEUED)  # not taken: stopping while the outbox is full
+                    continue
                 if job is _STOP:
                     stopping = True
                 elif (item := self._guarded(_Item(job), self._claim)) is not None:
@@ -340,6 +361,8 @@ class Pipeline:
             except Exception:
                 log.exception("finish %s", item.job.rel)
                 status, committed = JobStatus.FAILED, None
+            if status is JobStatus.QUEUED:
+                continue  # waits for room in the outbox: still pending, its input where it is
             if self.settings.archive is None:
                 self._done(item.job, status)
             else:
@@ -363,6 +386,9 @@ class Pipeline:
         if item.error is None and item.output is not None and item.geometry is not None:
             try:
                 event = self._succeed(item, t0)
+            except OutboxFull as e:
+                self._defer(item, e)
+                return JobStatus.QUEUED, None
             except OSError as e:  # the outbox's disk, not the image (disk full, read-only): no traceback
                 item.error = f"cannot write its outputs under {self.outbox.root}: {e.strerror or e}"
             except Exception as e:
@@ -396,6 +422,53 @@ class Pipeline:
                         score=top_score(result), payload=document, json_path=json_path, mask_path=mask_path,
                         labels=tuple(labels_of(result)), timings=self._timings(item),
                         committed=self._committed())
+
+    def _defer(self, item: _Item, reason: OutboxFull) -> None:
+        """The outbox's disk is full: no fault of the image's. It is recorded as queued (the attempt not
+        counted), its input stays where it is, and it waits with intake paused until there is room."""
+        if self._outbox_room.is_set():
+            log.error("%s: pausing until there is room (checked every %g s); waiting images keep their place",
+                      reason, ROOM_CHECK_S)
+        self._outbox_room.clear()
+        job = item.job
+        self.recorder.put(Finished(job.rel, item.sha256, item.size, JobStatus.QUEUED,
+                                   error=f"waiting for room in the outbox ({reason})", undo_attempt=True))
+        self._deferred.append(job)
+        for _ in range(self.settings.decode_workers):  # a decode thread blocked on an empty queue
+            try:
+                self._jobs.put_nowait(_WAKE)
+            except queue.Full:
+                break
+
+    def _wait_for_outbox_room(self) -> None:
+        """Block while the outbox is full; one decode thread at a time looks for room."""
+        while not self._outbox_room.wait(ROOM_CHECK_S) and not self._closing.is_set():
+            with self._room_check:
+                if not self._outbox_room.is_set() and self.outbox.has_room():
+                    log.warning("room in the outbox again: resuming (%d images waited)", len(self._deferred))
+                    self._outbox_room.set()
+
+    def abandon_waiting(self) -> int:
+        """Stop waiting for room for the images deferred so far (shutdown): they stay queued in the
+        database, their inputs where they are, for the next start. Returns how many."""
+        n = 0
+        while True:
+            try:
+                job = self._deferred.popleft()
+            except IndexError:
+                break
+            self._done(job, JobStatus.QUEUED)
+            n += 1
+        if n:
+            log.warning("%d images still wait for room in the outbox: queued, for the next start", n)
+        return n
+
+    def finish_or_abandon(self, stop: threading.Event | None) -> None:
+        """`drain()`, but once `stop` is set, images waiting for room in the outbox are not waited for."""
+        while not self.drain(timeout=0.2):
+            if stop is not None and stop.is_set():
+                self._closing.set()  # no more waiting for room: what waits stays for the next start
+                self.abandon_waiting()
 
     def _timings(self, item: _Item) -> dict[str, float] | None:
         if item.sha256 == "":

@@ -126,7 +126,7 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
             except OSError:  # vanished or unreadable: the pipeline records why
                 job = Job(path=path, rel=path.relative_to(folder).as_posix(), size=-1, mtime_ns=0)
             pipeline.submit(job)
-        pipeline.drain()
+        pipeline.finish_or_abandon(stop)
         summary = _summary(cfg, pipeline, "run", time.perf_counter() - t0)
     return summary
 
@@ -168,7 +168,7 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
             if observer is not None:
                 observer.stop()
                 observer.join()
-        pipeline.drain()
+        pipeline.finish_or_abandon(stop)
         summary = _summary(cfg, pipeline, "watch", time.perf_counter() - t0)
     return summary
 

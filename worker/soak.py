@@ -104,7 +104,7 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
             pipeline.wait_for_room(in_flight)
             pipeline.submit(Job.from_path(folder, paths[n % len(paths)]))
             n += 1
-        pipeline.drain()
+        pipeline.finish_or_abandon(stop)
         seconds = time.monotonic() - t0
         run_id, lat = pipeline.recorder.run_id, pipeline.counts.latencies_ms
     db = open_db(cfg.db)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
+from typing import Iterator
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
@@ -56,11 +59,39 @@ def alembic_config(engine: Engine) -> AlembicConfig:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     cfg = alembic_config(engine)
     try:
-        with engine.begin() as conn:
+        with _one_migrator(engine), engine.begin() as conn:
+            if engine.dialect.name == "postgresql":  # held to the end of the transaction
+                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
     except Exception as e:
         raise StoreError(f"database {engine.url}: migration to {revision} failed: {e}") from e
+
+
+MIGRATION_LOCK_KEY = 0x776F726B  # "work": PostgreSQL advisory lock taken while migrating
+
+
+@contextlib.contextmanager
+def _one_migrator(engine: Engine) -> Iterator[None]:
+    """Two processes starting on a new SQLite file at once (two watchers sharing a database, a query
+    beside a starting worker) would both create the tables, and the second would fail. pysqlite does
+    not put DDL in a transaction, so the migration holds an exclusive flock on the database's folder
+    (no lock file). Not on the database file: closing any descriptor of that file drops every POSIX
+    lock SQLite holds on it in this process."""
+    path = engine.url.database if engine.dialect.name == "sqlite" else None
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        path = None
+    if not path or path == ":memory:":
+        yield
+        return
+    fd = os.open(Path(path).absolute().parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def downgrade(engine: Engine, revision: str) -> None:

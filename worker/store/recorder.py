@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Union
 
-from sqlalchemy import Connection, Engine, bindparam, case, delete, insert, select, update
+from sqlalchemy import Connection, Engine, Integer, bindparam, case, delete, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -146,6 +146,7 @@ class Finished:
     labels: tuple[tuple[int, str, float], ...] = ()
     timings: dict[str, float] | None = None
     committed: Commit | None = None
+    undo_attempt: bool = False  # queued again through no fault of its own (outbox full): not an attempt
 
 
 @dataclass(frozen=True, eq=False)
@@ -321,7 +322,7 @@ class Recorder:
             IMAGES.c.model == bindparam("model"), IMAGES.c.rel_path.in_(bindparam("rels", expanding=True)))
         finish = update(IMAGES).where(IMAGES.c.id == bindparam("image_id")).values(
             status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"),
-            attempts=case((IMAGES.c.attempts == 0, 1), else_=IMAGES.c.attempts))
+            attempts=case((IMAGES.c.attempts == 0, 1), else_=IMAGES.c.attempts) - bindparam("undo", type_=Integer))
         dialect = self.engine.dialect
         self._hot = {"upsert": _Hot(upsert, dialect), "finish": _Hot(finish, dialect)}
         for table, columns in ((RESULTS, ("image_id", "task", "score", "payload", "json_path", "mask_path")),
@@ -361,7 +362,8 @@ class Recorder:
             stale: set[int] = set()
             for e, known in finishes:
                 image_id, fresh = known or ids[(e.rel, e.sha256)]
-                finished[image_id] = dict(image_id=image_id, status=e.status.value, error=e.error, now=now)
+                finished[image_id] = dict(image_id=image_id, status=e.status.value, error=e.error, now=now,
+                                          undo=int(e.undo_attempt))
                 if not fresh:  # a retried image replaces its earlier rows: never two results
                     stale.add(image_id)
                 # the same image twice in one batch (replays, a file dropped again): the last one wins
