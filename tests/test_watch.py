@@ -230,3 +230,14 @@ def test_job_is_hashable(tmp_path: Path) -> None:
     p.write_bytes(b"1")
     a, b = Job.from_path(tmp_path, p), Job.from_path(tmp_path, p)
     assert a == b and len({a, b}) == 1 and a.rel == "x.png"
+
+
+def test_a_database_inside_the_watched_folder_does_not_block_its_own_start(cfg) -> None:
+    """`watch` locks its inbox folder; the database's migration lock must not be that folder's."""
+    cfg = dataclasses.replace(cfg, db=f"sqlite:///{cfg.inbox / 'worker.db'}")
+    cfg.inbox.mkdir(parents=True)
+    done: list = []
+    t = threading.Thread(target=lambda: done.append(watch(cfg, threading.Event(), burst=True)), daemon=True)
+    t.start()
+    t.join(120)
+    assert done and done[0].figures["images"] == 0

@@ -75,9 +75,10 @@ MIGRATION_LOCK_KEY = 0x776F726B  # "work": PostgreSQL advisory lock taken while 
 def _one_migrator(engine: Engine) -> Iterator[None]:
     """Two processes starting on a new SQLite file at once (two watchers sharing a database, a query
     beside a starting worker) would both create the tables, and the second would fail. pysqlite does
-    not put DDL in a transaction, so the migration holds an exclusive flock on the database's folder
-    (no lock file). Not on the database file: closing any descriptor of that file drops every POSIX
-    lock SQLite holds on it in this process."""
+    not put DDL in a transaction, so the migration holds an exclusive flock on `<database>-migrate.lock`
+    beside it. Not on the database file: closing any descriptor of that file drops every POSIX lock
+    SQLite holds on it in this process. Not on its folder: that may be a watched inbox, whose lock
+    `worker watch` holds for as long as it runs."""
     path = engine.url.database if engine.dialect.name == "sqlite" else None
     try:
         import fcntl
@@ -86,7 +87,12 @@ def _one_migrator(engine: Engine) -> Iterator[None]:
     if not path or path == ":memory:":
         yield
         return
-    fd = os.open(Path(path).absolute().parent, os.O_RDONLY)
+    db = Path(path).absolute()
+    try:
+        fd = os.open(db.with_name(db.name + "-migrate.lock"), os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:  # a read-only folder: no migration can create tables there either
+        yield
+        return
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
