@@ -202,9 +202,11 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
         assert {(r.status, r.attempts) for r in rows.values()} == {("done", 1)} and len(rows) == 30
         assert all((small / "out" / f"{rel}.json").exists() for rel in rows)
 
-        # stopped while waiting: nothing failed, what waits is left for the next run, which does it
+        # stopped while waiting, with more images than the job queue holds (so the run's own thread
+        # waits to submit): nothing failed, what waits is left for the next run, which does it
         ballast = _fill(small, 8 << 10)
         b = folder("b", 20)
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, queue_size=2))
         stop = threading.Event()
         t, out = start(b, stop)
         assert wait_for(waiting, 60)

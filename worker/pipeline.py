@@ -159,11 +159,21 @@ class Pipeline:
         return t
 
     # -- the public surface ------------------------------------------------------------------
-    def submit(self, job: Job) -> None:
-        """Queue a job; blocks while the pipeline is full (intake waits, nothing is dropped)."""
+    def submit(self, job: Job, stop: threading.Event | None = None) -> bool:
+        """Queue a job; blocks while the pipeline is full (intake waits, nothing is dropped).
+
+        Once `stop` is set while the outbox is full (nothing moves), it gives up instead: the job is
+        not taken (False), and stays where it is for the next start."""
         with self._idle:
             self._pending += 1
-        self._jobs.put(job)
+        while True:
+            try:
+                self._jobs.put(job, timeout=None if stop is None else 0.2)
+                return True
+            except queue.Full:
+                if stop is not None and stop.is_set() and not self._outbox_room.is_set():
+                    self._done(job, JobStatus.QUEUED)
+                    return False
 
     def wait_for_room(self, max_pending: int) -> None:
         """Block until fewer than `max_pending` jobs are in flight (steady-load callers: soak, bench)."""

@@ -125,7 +125,7 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
                 job = Job.from_path(folder, path)
             except OSError:  # vanished or unreadable: the pipeline records why
                 job = Job(path=path, rel=path.relative_to(folder).as_posix(), size=-1, mtime_ns=0)
-            pipeline.submit(job)
+            pipeline.submit(job, stop)
         pipeline.finish_or_abandon(stop)
         summary = _summary(cfg, pipeline, "run", time.perf_counter() - t0)
     return summary
@@ -157,7 +157,8 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
     with open_pipeline(cfg, "watch", inbox, archive=cfg.archive, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
-        intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s, pipeline.submit)
+        intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s,
+                        lambda job: pipeline.submit(job, stop))
         observer = None if burst else start_observer(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
         log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
         if ready is not None:

@@ -76,7 +76,7 @@ class Intake:
     """Collects candidate paths and submits each complete file once."""
 
     def __init__(self, root: Path, extensions: tuple[str, ...], settle_s: float, rescan_s: float,
-                 submit: Callable[[Job], None], skip: tuple[Path, ...] = ()) -> None:
+                 submit: Callable[[Job], object], skip: tuple[Path, ...] = ()) -> None:
         self.root, self.extensions, self.settle_s, self.rescan_s = root, extensions, settle_s, rescan_s
         self.submit, self.skip = submit, skip
         self._pending: dict[Path, _Pending] = {}
