@@ -237,7 +237,7 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
     warm = _duration(warmup) if warmup else cfg.metrics.warmup_s
     runs = run_stats(open_db(cfg.db), run_id=run_id, last=last, warmup_s=warm)
     if fmt == "json":
-        click.echo(json.dumps(runs, indent=1))
+        click.echo(json.dumps(_nan_to_none(runs), indent=1))
         return
     for r in runs:
         m = r["memory"]
@@ -254,12 +254,23 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
         if m["samples"]:
             slopes = (f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up, "
                       f"{_or_dash(m['late_slope_mb_per_h'])} MB/h over their second half"
-                      if m["slope_mb_per_h"] is not None else
+                      if not math.isnan(m["slope_mb_per_h"]) else
                       f"too few samples after the {warm:g} s warm-up for a slope (--warmup)")
             click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), {slopes}")
         if "gpu_peak_mb" in m:
             click.echo(f"  GPU memory: {m['gpu_start_mb']} -> {m['gpu_end_mb']} MB (peak {m['gpu_peak_mb']}), "
                        f"slope {_or_dash(m['gpu_slope_mb_per_h'])} MB/h after warm-up")
+
+
+def _nan_to_none(value: Any) -> Any:
+    """NaN (a run with no image done, too few samples for a slope) as None: JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: _nan_to_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_nan_to_none(v) for v in value]
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
 
 
 def _or_dash(value: Any, spec: str = "") -> str:

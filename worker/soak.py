@@ -53,11 +53,6 @@ class SoakVerdict:
 RSS_NOISE_MB = 1.0
 
 
-def _number(value: float | None) -> float:
-    """A figure from `run_stats`, which says None where it has none (JSON has no NaN), as a float."""
-    return float("nan") if value is None else value
-
-
 def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[list[str], list[str], list[str]]:
     """(failures, inconclusive, notes) for a run's memory trend (`run_stats(...)["memory"]`).
 
@@ -67,7 +62,7 @@ def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[li
     failures: list[str] = []
     inconclusive: list[str] = []
     notes: list[str] = []
-    late = _number(mem.get("late_slope_mb_per_h"))
+    late = mem.get("late_slope_mb_per_h", float("nan"))
     span_h = mem.get("late_span_s", 0.0) / 3600
     resolved = RSS_NOISE_MB / span_h if span_h > 0 else math.inf  # MB/h this window tells from noise
     longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
@@ -113,20 +108,21 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
     finally:
         db.dispose()
     mem = stats["memory"]
-    slope, late = _number(mem.get("slope_mb_per_h")), _number(mem.get("late_slope_mb_per_h"))
+    slope = mem.get("slope_mb_per_h", float("nan"))
+    late = mem.get("late_slope_mb_per_h", float("nan"))
     start, end = percentiles(lat.first()), percentiles(lat.last())
     failures, inconclusive, notes = judge_memory(mem, cfg.soak.max_rss_slope_mb_per_h, warm)
     if "gpu_peak_mb" in mem:
         notes.append(f"GPU memory {mem['gpu_start_mb']} -> {mem['gpu_end_mb']} MB (peak {mem['gpu_peak_mb']} MB), "
-                     f"slope {_number(mem['gpu_slope_mb_per_h']):.2f} MB/h after warm-up (reported, not judged)")
+                     f"slope {mem['gpu_slope_mb_per_h']:.2f} MB/h after warm-up (reported, not judged)")
     ratio = cfg.soak.max_p99_ratio
     if ratio and end["p99"] > ratio * start["p99"]:
         failures.append(f"p99 latency grew from {start['p99']:.1f} to {end['p99']:.1f} ms (limit x{ratio})")
     return SoakVerdict(run_id=run_id, images=n, seconds=round(seconds, 1), rss_slope_mb_per_h=slope,
                        rss_late_slope_mb_per_h=late,
-                       rss_start_mb=_number(mem.get("steady_start_mb")),
-                       rss_end_mb=_number(mem.get("steady_end_mb")),
-                       rss_peak_mb=_number(mem.get("rss_peak_mb")), samples=mem.get("steady_samples", 0),
+                       rss_start_mb=mem.get("steady_start_mb", float("nan")),
+                       rss_end_mb=mem.get("steady_end_mb", float("nan")),
+                       rss_peak_mb=mem.get("rss_peak_mb", float("nan")), samples=mem.get("steady_samples", 0),
                        p50_start_ms=start["p50"], p99_start_ms=start["p99"], p50_end_ms=end["p50"],
                        p99_end_ms=end["p99"], failures=tuple(failures),
                        inconclusive=tuple(inconclusive), notes=tuple(notes))

@@ -4,7 +4,6 @@ The per-image skip check is in ledger.py."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -142,18 +141,9 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any]
                           gpu_peak_mb=round(max(m for _, m in gpu), 1),
                           gpu_slope_mb_per_h=round(slope_per_hour([t for t, _ in gpu_steady],
                                                                   [m for _, m in gpu_steady]), 3))
-    return _nan_to_none({"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
+    return {"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
             "started_at": start.isoformat(), "finished_at": end.isoformat() if end else None,
             "counts": counts, "images_per_s": round(processed / span, 2) if span else None,
             "batch_size_mean": round(sum(r[-1] for r in timing_rows) / len(timing_rows), 2) if timing_rows else None,
             "latency_ms": {s: {k: round(v, 2) for k, v in p.items()} for s, p in stages.items()},
-            "memory": memory})
-
-
-def _nan_to_none(value: Any) -> Any:
-    """NaN (no images done, too few samples for a slope) as None: `json.dumps` would write NaN, which is not JSON."""
-    if isinstance(value, dict):
-        return {k: _nan_to_none(v) for k, v in value.items()}
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
+            "memory": memory}
