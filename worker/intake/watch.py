@@ -9,7 +9,6 @@ rescan finds files whose events were missed (queue overflow, restarts, network s
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import threading
@@ -26,6 +25,7 @@ from watchdog.observers.polling import PollingObserver
 from worker.errors import WorkerError
 from worker.intake.scan import is_candidate, walk
 from worker.jobs import Job
+from worker.locks import flocked
 
 log = logging.getLogger(__name__)
 
@@ -210,23 +210,12 @@ def inbox_lock(inbox: Path) -> Iterator[None]:
     """Hold an exclusive lock on the inbox folder itself (no lock file) while watching it.
 
     Two watchers on one inbox would each take files the other is processing and move them away from
-    under it; the second one refuses to start instead. Released when the process exits, however it
-    exits. Where the filesystem cannot lock a folder (NFS), a warning says so and watching goes on."""
-    try:
-        import fcntl
-    except ImportError:  # not a POSIX system: nothing to lock with
+    under it; the second one refuses to start instead. Where the filesystem cannot lock a folder
+    (NFS), a warning says so and watching goes on."""
+    with flocked(inbox, wait=False) as held:
+        if held is False:
+            raise WorkerError(f"{inbox}: another worker is watching this inbox (one watcher per inbox; "
+                              f"stop it first, or give this one another --inbox)")
+        if held is None:
+            log.warning("cannot lock %s: make sure no other worker watches it", inbox)
         yield
-        return
-    fd = os.open(inbox, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                log.warning("cannot lock %s (%s): make sure no other worker watches it", inbox, e.strerror)
-            else:
-                raise WorkerError(f"{inbox}: another worker is watching this inbox (one watcher per inbox; "
-                                  f"stop it first, or give this one another --inbox)") from None
-        yield
-    finally:
-        os.close(fd)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Iterator
 
@@ -13,6 +12,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
 from worker.errors import StoreError
+from worker.locks import flocked
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -80,24 +80,13 @@ def _one_migrator(engine: Engine) -> Iterator[None]:
     SQLite holds on it in this process. Not on its folder: that may be a watched inbox, whose lock
     `worker watch` holds for as long as it runs."""
     path = engine.url.database if engine.dialect.name == "sqlite" else None
-    try:
-        import fcntl
-    except ImportError:  # not POSIX
-        path = None
     if not path or path == ":memory:":
         yield
         return
     db = Path(path).absolute()
-    try:
-        fd = os.open(db.with_name(db.name + "-migrate.lock"), os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:  # a read-only folder: no migration can create tables there either
+    # where the lock cannot be taken (a read-only folder), no migration can create tables there either
+    with flocked(db.with_name(db.name + "-migrate.lock"), wait=True, create=True):
         yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def downgrade(engine: Engine, revision: str) -> None:
