@@ -155,7 +155,7 @@ def _fill(fs: Path, leave: int) -> Path:
 
 
 def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_path: Path, samples: Path,
-                                                                   monkeypatch) -> None:
+                                                                   monkeypatch, caplog) -> None:
     """A real full filesystem (a small tmpfs) under the outbox: no image is failed for it. The images
     that cannot be written wait (queued, the attempt not counted) with intake paused, and go on once
     room is made; stopped while waiting, the run leaves them queued for the next one."""
@@ -168,6 +168,7 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     monkeypatch.setattr(pipeline_mod, "ROOM_CHECK_S", 0.1)
+    monkeypatch.setattr(pipeline_mod, "FULL_REMINDER_S", 0.3)
     try:
         cfg = dataclasses.replace(effcfg, outbox=small / "out")
         (small / "out").mkdir()
@@ -195,6 +196,7 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
         assert wait_for(waiting, 60)
         queued = [r for r in image_rows(cfg).values() if r.status == "queued"]
         assert "waiting for room in the outbox" in queued[0].error and "No space left on device" in queued[0].error
+        assert wait_for(lambda: "still no room after" in caplog.text, 30)  # said again while it lasts
         ballast.unlink()
         t.join(120)
         assert not t.is_alive() and out[0].figures["done"] == 30 and out[0].figures["failed"] == 0

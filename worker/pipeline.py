@@ -55,6 +55,9 @@ CLAIM_AHEAD_BYTES = 64 << 20
 MAX_BYTES_PER_PIXEL = 8
 # while the outbox's disk is full, one decode thread looks for room this often (and takes no new job)
 ROOM_CHECK_S = 5.0
+# and the log says again this often that the worker is still paused: an operator who missed the first
+# line, or looks at the log hours later, sees how long it has waited and how many images wait
+FULL_REMINDER_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,7 @@ class Pipeline:
         self._outbox_room = threading.Event()
         self._outbox_room.set()
         self._room_check = threading.Lock()
+        self._paused_at = self._reminded_at = 0.0  # time.monotonic() of the pause and of its last log line
         self._deferred: deque[Job] = deque()
         self._closing = threading.Event()  # stopping: nothing waits for room in the outbox any more
         size = (card.input.size[0], card.input.size[1])
@@ -439,6 +443,7 @@ class Pipeline:
         if self._outbox_room.is_set():
             log.error("%s: pausing until there is room (checked every %g s); waiting images keep their place",
                       reason, ROOM_CHECK_S)
+            self._paused_at = self._reminded_at = time.monotonic()
         self._outbox_room.clear()
         job = item.job
         self.recorder.put(Finished(job.rel, item.sha256, item.size, JobStatus.QUEUED,
@@ -454,9 +459,17 @@ class Pipeline:
         """Block while the outbox is full; one decode thread at a time looks for room."""
         while not self._outbox_room.wait(ROOM_CHECK_S) and not self._closing.is_set():
             with self._room_check:
-                if not self._outbox_room.is_set() and self.outbox.has_room():
-                    log.warning("room in the outbox again: resuming (%d images waited)", len(self._deferred))
+                if self._outbox_room.is_set():
+                    continue
+                now = time.monotonic()
+                if self.outbox.has_room():
+                    log.warning("room in the outbox again after %.0f s: resuming (%d images waited)",
+                                now - self._paused_at, len(self._deferred))
                     self._outbox_room.set()
+                elif now - self._reminded_at >= FULL_REMINDER_S:
+                    log.error("%s: still no room after %.0f s; %d images wait (make room to resume)",
+                              self.outbox.root, now - self._paused_at, len(self._deferred))
+                    self._reminded_at = now
 
     def abandon_waiting(self) -> int:
         """Stop waiting for room for the images deferred so far (shutdown): they stay queued in the
