@@ -1,0 +1,84 @@
+"""Where a `run_folder`'s CPU goes, thread by thread (not a test).
+
+    python tests/perf/thread_cpu.py [--model efficientnet-lite0] [--width 640] [--images 1200]
+
+Builds a corpus of JPEGs from the demo images (as `worker bench` does), runs an in-process
+`run_folder` over it with the default config, and prints milliseconds of CPU per image for each kind
+of thread (prepare = read, hash, claim, decode and preprocess; infer; finish = postprocess and write
+the outputs; recorder; main), read from /proc/self/task while the run goes. Compare with the stage
+costs `worker bench` prints (one image at a time, alone): the difference is what the pipeline adds.
+Linux only. The outputs stay in a temporary folder that is not deleted: deleting thousands of files
+slows every file created in the next minutes on some filesystems (README, Performance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from worker import config
+from worker.bench import make_corpus
+from worker.samples import fetch_samples
+from worker.service import run_folder
+
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_s(tid: int) -> float | None:
+    try:
+        fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="efficientnet-lite0")
+    ap.add_argument("--width", type=int, default=640)
+    ap.add_argument("--images", type=int, default=1200)
+    args = ap.parse_args()
+    cfg = config.load(None)
+    work = Path(tempfile.mkdtemp(prefix="worker-thread-cpu-"))
+    corpus = work / "corpus"
+    make_corpus(fetch_samples(cfg.cache_dir), args.width, args.images, corpus)
+    cfg = dataclasses.replace(cfg, model=args.model, outbox=work / "out", db=f"sqlite:///{work}/worker.db")
+
+    last: dict[int, tuple[str, float]] = {}  # native thread id -> (name, CPU seconds so far)
+    main_cpu = time.thread_time()
+    stop = threading.Event()
+
+    def sample() -> None:  # threads end before run_folder returns: keep each one's last reading
+        while not stop.wait(0.2):
+            for t in threading.enumerate():
+                if t.native_id and t is not threading.current_thread() and t is not threading.main_thread():
+                    if (cpu := thread_cpu_s(t.native_id)) is not None:
+                        last[t.native_id] = (t.name, cpu)
+
+    sampler = threading.Thread(target=sample, name="sampler")
+    sampler.start()
+    t0, p0 = time.perf_counter(), time.process_time()
+    summary = run_folder(cfg, corpus)
+    wall, process = time.perf_counter() - t0, time.process_time() - p0
+    stop.set()
+    sampler.join()
+    n = summary.figures["done"]
+    per_kind: dict[str, float] = {"main": time.thread_time() - main_cpu}  # includes the model's load and warm-up
+    for name, cpu in last.values():
+        kind = re.sub(r"[-_]?\d+$", "", name)
+        per_kind[kind] = per_kind.get(kind, 0.0) + cpu
+    print(f"{args.model}, {n} JPEGs {args.width} px: {summary.figures['images_per_s']} images/s, "
+          f"{process / n * 1000:.2f} ms of process CPU per image over {wall:.1f} s ({process / wall:.2f} cores busy)")
+    for kind, cpu in sorted(per_kind.items(), key=lambda kv: -kv[1]):
+        print(f"  {kind:20s} {cpu / n * 1000:6.2f} ms/image")
+    print(f"(outputs left in {work})")
+
+
+if __name__ == "__main__":
+    main()
