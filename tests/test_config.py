@@ -79,3 +79,20 @@ def test_missing_model_and_unwritable_outbox(cfg, tmp_path: Path) -> None:
         run_folder(dataclasses.replace(cfg, outbox=target), folder)
     with pytest.raises(ConfigError, match="must not be inside the input folder"):
         run_folder(dataclasses.replace(cfg, outbox=folder / "out"), folder)
+
+
+def test_bundled_cards_and_cache_are_found_from_any_folder(tmp_path: Path, monkeypatch) -> None:
+    """Started elsewhere, with no config file or one that does not set them, the worker uses the
+    checkout's model cards and model cache (other relative paths stay relative to the cwd or file)."""
+    from worker.models.card import find_card
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("WORKER_CONFIG", raising=False)
+    conf = tmp_path / "line3.yaml"
+    conf.write_text("inbox: scans\nmodel: efficientnet-lite0\n")
+    for cfg in (load(None), load(conf)):
+        assert cfg.models_dir == ROOT / "models" and cfg.cache_dir == ROOT / ".cache" / "worker"
+        assert find_card(cfg.models_dir, "efficientnet-lite0").task == "classify"
+    assert load(None).inbox == tmp_path / "var" / "inbox" and load(conf).inbox == tmp_path / "scans"
+    conf.write_text("models_dir: cards\n")  # set: relative to the file, as every path
+    assert load(conf).models_dir == tmp_path / "cards"

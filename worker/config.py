@@ -18,6 +18,10 @@ import yaml
 
 from worker.errors import ConfigError
 
+# The checkout the package is installed from (`pip install -e .`). Its model cards and its model cache
+# are the defaults wherever `worker` starts: a config file elsewhere, or none, still finds them.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 
 
@@ -80,8 +84,8 @@ class Config:
     archive: Path = Path("var/archive")
     db: str = "sqlite:///var/worker.db"
     model: str = "ppocr-det"
-    models_dir: Path = Path("models")
-    cache_dir: Path = Path(".cache/worker")
+    models_dir: Path = PROJECT_ROOT / "models"
+    cache_dir: Path = PROJECT_ROOT / ".cache" / "worker"
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     watch: WatchConfig = field(default_factory=WatchConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
@@ -130,7 +134,7 @@ def default_config_path() -> Path | None:
 
 
 def load(path: Path | None) -> Config:
-    """Load and validate a config file; None gives the defaults (paths relative to the cwd)."""
+    """Load and validate a config file; None gives the defaults (var/ paths relative to the cwd)."""
     if path is None:
         return _resolve(Config(), Path.cwd())
     path = Path(path)

@@ -11,6 +11,7 @@ from alembic.config import Config as AlembicConfig
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
 
+from worker.config import PROJECT_ROOT
 from worker.errors import StoreError
 from worker.locks import flocked
 
@@ -19,7 +20,7 @@ BUSY_TIMEOUT_MS = 30_000
 
 def migrations_dir() -> Path:
     """`migrations/` at the project root (the package is installed from a checkout)."""
-    here = Path(__file__).resolve().parents[2] / "migrations"
+    here = PROJECT_ROOT / "migrations"
     if (here / "env.py").exists():
         return here
     raise StoreError(f"migrations folder not found at {here}; install worker from its checkout (pip install -e .)")
