@@ -20,7 +20,7 @@ import click
 
 from worker import config as config_mod
 from worker.config import Config
-from worker.errors import WorkerError
+from worker.errors import ConfigError, WorkerError
 
 log = logging.getLogger("worker")
 
@@ -191,12 +191,14 @@ def _cell(v: Any) -> str:
 @click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
 @click.option("--label", help="Only images with this predicted class name.")
 @click.option("--min-score", type=float, help="Only images with a predicted class at or above this score.")
+@click.option("--model", help="Only images processed with this model card.")
 @click.option("--limit", type=int, default=1000, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @click.option("--db", "db", help="Database URL (overrides config).")
 @click.pass_context
 def query(ctx: click.Context, status: str | None, path_glob: str | None, since: str | None, until: str | None,
-          run_id: int | None, label: str | None, min_score: float | None, limit: int, fmt: str, db: str | None) -> None:
+          run_id: int | None, label: str | None, min_score: float | None, model: str | None, limit: int, fmt: str,
+          db: str | None) -> None:
     """List images with their status, result and latency from the database.
 
     \b
@@ -210,8 +212,8 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     cfg = _load(ctx, db=db)
     rows = query_images(open_db(cfg.db), Filters(status=status, path=path_glob, since=_parse_time(since),
                                                  until=_parse_time(until), run_id=run_id, min_score=min_score,
-                                                 label=label, limit=limit))
-    _emit(rows, fmt, ["id", "run_id", "rel_path", "status", "attempts", "top_label", "score", "total_ms",
+                                                 label=label, model=model, limit=limit))
+    _emit(rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label", "score", "total_ms",
                       "updated_at", "error"])
 
 
@@ -374,7 +376,8 @@ def export() -> None:
 @click.option("--path", "path_glob", help="Glob on the relative path.")
 @click.option("--label", help="Only images with this predicted class name.")
 @click.option("--min-score", type=float, help="Only images with a box at or above this score.")
-@click.option("--model", help="Card whose labels name the categories (default: the config's model).")
+@click.option("--model", help="Detection model whose results are exported; its card names the categories "
+                             "(default: the config's model).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout).")
 @click.option("--db", "db", help="Database URL (overrides config).")
 @click.pass_context
@@ -393,9 +396,15 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
     from worker.store.queries import Filters
 
     cfg = _load(ctx, db=db, model=model)
-    card = with_labels(find_card(cfg.models_dir, cfg.model), cfg.cache_dir)
+    card = find_card(cfg.models_dir, cfg.model)
+    if card.task != "detect":
+        raise ConfigError(f"model {card.name!r} is a {card.task} model: COCO export takes a detection model's "
+                          f"results (--model NAME)")
+    card = with_labels(card, cfg.cache_dir)
     doc = coco(open_db(cfg.db), Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score,
-                                        limit=10**9), card.labels if card.task == "detect" else ())
+                                        model=card.name, limit=10**9), card.labels)
+    if not doc["images"]:
+        click.echo(f"note: no done results of model {card.name!r} match", err=True)
     text = json.dumps(doc, indent=1)
     if output is None:
         click.echo(text)

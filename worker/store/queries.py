@@ -39,6 +39,7 @@ class Filters:
     run_id: int | None = None
     min_score: float | None = None
     label: str | None = None
+    model: str | None = None  # the model card's name
     limit: int = 1000
 
 
@@ -63,6 +64,8 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
         conds.append(ImageRow.updated_at < f.until)
     if f.run_id is not None:
         conds.append(ImageRow.run_id == f.run_id)
+    if f.model is not None:
+        conds.append(ImageRow.model == f.model)
     if f.label is not None or f.min_score is not None:
         sub = select(LabelRow.image_id)
         if f.label is not None:
