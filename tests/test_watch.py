@@ -121,6 +121,32 @@ def test_a_second_watcher_on_the_same_inbox_refuses_to_start(cfg, tmp_path: Path
     assert watch(cfg, threading.Event(), burst=True).figures["images"] == 0  # released when the first stops
 
 
+@pytest.mark.parametrize("observer", ["native", "polling"])
+def test_an_inbox_deleted_and_made_again_is_watched_again(cfg, samples: Path, observer: str, caplog) -> None:
+    """A cleanup script removes the inbox and makes it again: the observer on the old folder sees
+    nothing more. The worker says so, watches the new folder (its events, not the rescan, which is
+    off here) and holds the one-watcher lock on it."""
+    from worker.locks import flocked
+
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, observer=observer, rescan_interval_s=0.0,
+                                                             poll_interval_s=0.2))
+    cfg.inbox.mkdir(parents=True)
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        shutil.copy(samples / "coffee.png", cfg.inbox / "before.png")
+        assert wait_for(lambda: len(w.finished) == 1, timeout=60)
+        shutil.rmtree(cfg.inbox)
+        assert wait_for(lambda: "the inbox is gone" in caplog.text, timeout=30)
+        cfg.inbox.mkdir()
+        assert wait_for(lambda: "the inbox was replaced" in caplog.text, timeout=30)
+        shutil.copy(samples / "coffee.png", cfg.inbox / "after.png")
+        assert wait_for(lambda: len(w.finished) == 2, timeout=60)
+        with flocked(cfg.inbox, wait=False) as held:
+            assert held is False  # a second watcher on the new folder would refuse to start
+    assert sorted(r for r, _ in w.finished) == ["after.png", "before.png"]
+    assert (cfg.archive / "done" / "after.png").exists()
+
+
 def test_the_observer_stop_race_is_not_logged_as_an_error(tmp_path: Path, caplog) -> None:
     observer = start_observer(Intake(tmp_path, (".jpg",), 1.0, 0.0, lambda job: None), "native", 1.0)
     observer.stop()

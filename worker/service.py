@@ -15,7 +15,7 @@ from worker.config import Config
 from worker.engine import Engine, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import walk
-from worker.intake.watch import Intake, inbox_lock, start_observer
+from worker.intake.watch import Intake, WatchedInbox, inbox_lock
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card
@@ -159,16 +159,15 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
         pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
         intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s,
                         lambda job: pipeline.submit(job, stop))
-        observer = None if burst else start_observer(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
+        watched = None if burst else WatchedInbox(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
         log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
         if ready is not None:
             ready.set()
         try:
-            intake.run(stop, burst=burst)
+            intake.run(stop, burst=burst, check=watched.check if watched is not None else None)
         finally:
-            if observer is not None:
-                observer.stop()
-                observer.join()
+            if watched is not None:
+                watched.stop()
         pipeline.finish_or_abandon(stop)
         summary = _summary(cfg, pipeline, "watch", time.perf_counter() - t0)
     return summary

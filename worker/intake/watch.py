@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ log = logging.getLogger(__name__)
 # rename queues both events at once, so a short wait still pairs them; a pair missed anyway arrives as
 # a "created" event and goes through the settle check instead: later, never lost.
 MOVE_PAIRING_S = 0.05
+# how often the intake loop checks that the inbox is still the folder the observer watches
+INBOX_CHECK_S = 1.0
 
 
 class _StopRace(logging.Filter):
@@ -106,12 +109,16 @@ class Intake:
         for path in walk(self.root, self.extensions, self.skip):
             self.notify(path, ready=False)
 
-    def run(self, stop: threading.Event | None = None, burst: bool = False) -> int:
-        """Submit complete files until `stop` is set; burst: scan once, submit what settles, return."""
+    def run(self, stop: threading.Event | None = None, burst: bool = False,
+            check: Callable[[], object] | None = None) -> int:
+        """Submit complete files until `stop` is set; burst: scan once, submit what settles, return.
+        `check` is called every pass (the inbox guard: `WatchedInbox.check`)."""
         self.rescan()
         submitted = 0
         last_scan = time.monotonic()
         while True:
+            if check is not None:
+                check()
             submitted += self._tick()
             with self._lock:
                 idle = not self._pending
@@ -203,6 +210,74 @@ def start_observer(intake: Intake, kind: str, poll_interval_s: float) -> BaseObs
     observer.schedule(_Handler(intake), str(intake.root), recursive=True)
     observer.start()
     return observer
+
+
+def folder_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the folder at `path`; None when there is none."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino) if stat.S_ISDIR(st.st_mode) else None
+
+
+class WatchedInbox:
+    """The observer on the inbox folder, armed again when that folder is replaced.
+
+    An inbox deleted and made again (a cleanup script, an operator) or unmounted and mounted again is a
+    new folder: the observer on the old one sees nothing more, and the one-watcher lock (taken on the
+    old folder by `inbox_lock`) guards nothing. `check()` notices within `INBOX_CHECK_S`, says so in
+    the log, takes the lock on the new folder, watches it and rescans it. While the path is gone the
+    log says so once, and nothing is taken."""
+
+    def __init__(self, intake: Intake, kind: str, poll_interval_s: float) -> None:
+        self.intake, self._kind, self._poll_interval_s = intake, kind, poll_interval_s
+        self._identity = folder_identity(intake.root)
+        self._observer: BaseObserver | None = start_observer(intake, kind, poll_interval_s)
+        self._lock = contextlib.ExitStack()  # the lock on a replacement folder (the first one is the caller's)
+        self._state = "watching"  # or "gone", "taken" (another worker watches the replacement)
+        self._next_check = time.monotonic() + INBOX_CHECK_S
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + INBOX_CHECK_S
+        root, identity = self.intake.root, folder_identity(self.intake.root)
+        if identity is not None and identity == self._identity and self._state == "watching":
+            return
+        if identity is None:
+            if self._state != "gone":
+                log.error("%s: the inbox is gone (deleted, or its filesystem unmounted): no new file is taken "
+                          "until a folder is there again", root)
+                self._state = "gone"
+                self._stop_observer()
+            return
+        self._stop_observer()
+        self._lock.close()
+        held = self._lock.enter_context(flocked(root, wait=False))
+        if held is False:
+            if self._state != "taken":
+                log.error("%s: the inbox was replaced and another worker watches the new folder: this one "
+                          "takes no new file", root)
+                self._state = "taken"
+            self._lock.close()
+            return
+        self._identity, self._state = identity, "watching"
+        self._observer = start_observer(self.intake, self._kind, self._poll_interval_s)
+        log.warning("%s: the inbox was replaced (deleted and made again, or mounted again): watching the new "
+                    "folder", root)
+        self.intake.rescan()
+
+    def stop(self) -> None:
+        self._stop_observer()
+        self._lock.close()
+
+    def _stop_observer(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join()
+            self._observer = None
 
 
 @contextlib.contextmanager
