@@ -97,6 +97,21 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     assert r.invoke(cli, ["db", "downgrade", "base", "--db", scratch]).exit_code == 0
 
 
+def test_readers_refuse_a_missing_database_and_run_says_when_it_found_nothing(tmp_path: Path, ppocr_onnx: Path) -> None:
+    """A mistyped --db must not quietly become an empty database that answers 'nothing'."""
+    r = CliRunner()
+    missing = tmp_path / "typo" / "worker.db"
+    for command in (["query"], ["stats"], ["export", "coco", "--model", "yolov3-tiny"]):
+        out = r.invoke(cli, ["--config", str(_config(tmp_path)), *command, "--db", f"sqlite:///{missing}"])
+        assert out.exit_code != 0 and f"no database at {missing}" in str(out.exception), command
+    assert not missing.parent.exists()
+    empty = tmp_path / "empty"
+    (empty / ".hidden.jpg").parent.mkdir()
+    (empty / ".hidden.jpg").write_bytes(b"")
+    out = r.invoke(cli, ["--config", str(_config(tmp_path)), "run", str(empty), "--no-progress"])
+    assert out.exit_code == 0 and f"note: no image under {empty}" in out.output
+
+
 def test_config_error_is_a_clear_message(tmp_path: Path) -> None:
     bad = tmp_path / "c.yaml"
     bad.write_text("pipeline: {max_batch: -1}\n")

@@ -146,6 +146,9 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
     _print_summary(summary)
     if summary.figures["failed"]:
         click.echo(f"  failures: worker query --status failed --run {summary.run_id}")
+    if not summary.figures["images"]:
+        click.echo(f"  note: no image under {folder.absolute()} (names ending {' '.join(cfg.extensions)}; "
+                   f"hidden and temporary names are left alone)")
 
 
 def _parse_time(value: str | None) -> datetime | None:
@@ -210,7 +213,7 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     from worker.store.queries import Filters, query_images
 
     cfg = _load(ctx, db=db)
-    rows = query_images(open_db(cfg.db), Filters(status=status, path=path_glob, since=_parse_time(since),
+    rows = query_images(open_db(cfg.db, create=False), Filters(status=status, path=path_glob, since=_parse_time(since),
                                                  until=_parse_time(until), run_id=run_id, min_score=min_score,
                                                  label=label, model=model, limit=limit))
     _emit(rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label", "score", "total_ms",
@@ -237,7 +240,7 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
 
     cfg = _load(ctx, db=db)
     warm = _duration(warmup) if warmup else cfg.metrics.warmup_s
-    runs = run_stats(open_db(cfg.db), run_id=run_id, last=last, warmup_s=warm)
+    runs = run_stats(open_db(cfg.db, create=False), run_id=run_id, last=last, warmup_s=warm)
     if fmt == "json":
         click.echo(json.dumps(_nan_to_none(runs), indent=1))
         return
@@ -401,7 +404,7 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
         raise ConfigError(f"model {card.name!r} is a {card.task} model: COCO export takes a detection model's "
                           f"results (--model NAME)")
     card = with_labels(card, cfg.cache_dir)
-    doc = coco(open_db(cfg.db), Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score,
+    doc = coco(open_db(cfg.db, create=False), Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score,
                                         model=card.name, limit=10**9), card.labels)
     if not doc["images"]:
         click.echo(f"note: no done results of model {card.name!r} match", err=True)

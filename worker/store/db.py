@@ -97,8 +97,14 @@ def downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(cfg, revision)
 
 
-def open_db(url: str) -> Engine:
-    """Engine with the schema migrated to the latest revision."""
+def open_db(url: str, create: bool = True) -> Engine:
+    """Engine with the schema migrated to the latest revision. `create=False` (the commands that only
+    read) refuses a SQLite file that does not exist, instead of making an empty one at a mistyped path."""
+    u = make_url(url)
+    if not create and u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:" \
+            and not Path(u.database).exists():
+        raise StoreError(f"no database at {Path(u.database).absolute()} (`worker run` or `worker watch` makes it; "
+                         f"--db or the config's db names another)")
     engine = make_engine(url)
     upgrade(engine)
     return engine
