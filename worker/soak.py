@@ -68,8 +68,9 @@ def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[li
     longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
               if limit > 0 else "no soak resolves a limit of 0 MB/h")
     beyond = f"slopes above about {resolved:.0f} MB/h (RSS noise about {RSS_NOISE_MB:.0f} MB): {longer}"
-    if math.isnan(late):
-        failures.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend")
+    if math.isnan(late):  # a run stopped, or set, shorter than its warm-up: no trend either way
+        inconclusive.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend "
+                            f"({longer})")
     elif late > max(limit, resolved):
         failures.append(f"RSS grows {late:.2f} MB/h over the second half after warm-up "
                         f"(limit {limit} MB/h, soak.max_rss_slope_mb_per_h)")
