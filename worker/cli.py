@@ -213,9 +213,9 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     from worker.store.queries import Filters, query_images
 
     cfg = _load(ctx, db=db)
-    rows = query_images(open_db(cfg.db, create=False), Filters(status=status, path=path_glob, since=_parse_time(since),
-                                                 until=_parse_time(until), run_id=run_id, min_score=min_score,
-                                                 label=label, model=model, limit=limit))
+    filters = Filters(status=status, path=path_glob, since=_parse_time(since), until=_parse_time(until),
+                      run_id=run_id, min_score=min_score, label=label, model=model, limit=limit)
+    rows = query_images(open_db(cfg.db, create=False), filters)
     _emit(rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label", "score", "total_ms",
                       "updated_at", "error"])
 
@@ -404,8 +404,8 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
         raise ConfigError(f"model {card.name!r} is a {card.task} model: COCO export takes a detection model's "
                           f"results (--model NAME)")
     card = with_labels(card, cfg.cache_dir)
-    doc = coco(open_db(cfg.db, create=False), Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score,
-                                        model=card.name, limit=10**9), card.labels)
+    filters = Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score, model=card.name, limit=10**9)
+    doc = coco(open_db(cfg.db, create=False), filters, card.labels)
     if not doc["images"]:
         click.echo(f"note: no done results of model {card.name!r} match", err=True)
     text = json.dumps(doc, indent=1)

@@ -263,6 +263,8 @@ class WatchedInbox:
                 self._state = "taken"
             self._lock.close()
             return
+        if held is None:
+            log.warning("cannot lock %s: make sure no other worker watches it", root)
         self._identity, self._state = identity, "watching"
         self._observer = start_observer(self.intake, self._kind, self._poll_interval_s)
         log.warning("%s: the inbox was replaced (deleted and made again, or mounted again): watching the new "
