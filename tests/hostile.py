@@ -70,6 +70,8 @@ def build(folder: Path, samples: Path) -> dict[str, tuple[str, str]]:
     with open(folder / "huge.tif", "wb") as f:  # sparse: 700 MiB on paper, nothing on disk; never read
         f.truncate(700 << 20)
     expected["huge.tif"] = ("failed", "bytes is more than any image within the pixel limit")
+    os.mkfifo(folder / "pipe.jpg")  # opening it for reading would block until a writer came
+    expected["pipe.jpg"] = ("failed", "not a regular file (a named pipe)")
     os.symlink("/etc/hostname", folder / "link_outside.jpg")
     expected["link_outside.jpg"] = ("failed", "symbolic link: not followed")
     if os.geteuid() != 0:  # root reads anything: the permission case only exists for other users

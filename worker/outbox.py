@@ -12,6 +12,7 @@ import json
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -141,6 +142,14 @@ def move_verified(src: Path, dst: Path) -> Path:
     sha256, rename, then delete the source, so a crash never leaves the file in neither place.
     """
     dst.parent.mkdir(parents=True, exist_ok=True)
+    if not stat.S_ISREG(os.lstat(src).st_mode):  # a named pipe with an image's name: never opened (it would block)
+        if dst.exists():
+            dst = dst.with_name(f"{dst.name}.{os.lstat(src).st_ino}{dst.suffix}")
+        try:
+            os.replace(src, dst)
+        except OSError as e:
+            raise WorkerError(f"{src}: not a regular file, and it cannot be renamed to {dst}: {e.strerror}") from None
+        return dst
     if dst.exists():
         digest = _sha256(src)[:12]
         if _sha256(dst)[:12] != digest:

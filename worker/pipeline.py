@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import queue
+import stat
 import threading
 import time
 from collections import OrderedDict, deque
@@ -275,8 +276,13 @@ class Pipeline:
         if job.path.is_symlink():  # never followed: it could point anywhere on the machine
             raise ImageError(job.rel, "symbolic link: not followed (copy the file into the folder instead)")
         try:
-            with open(job.path, "rb") as f:
+            # O_NONBLOCK: a named pipe (or device) with an image's name must not block this thread on open;
+            # O_NOFOLLOW: a symbolic link put there since the check above is refused too
+            fd = os.open(job.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            with os.fdopen(fd, "rb") as f:
                 st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise ImageError(job.rel, f"not a regular file ({_file_kind(st.st_mode)}): left unread")
                 if self.settings.max_pixels and st.st_size > MAX_BYTES_PER_PIXEL * self.settings.max_pixels:
                     raise ImageTooLarge(job.rel, f"{st.st_size} bytes is more than any image within the pixel "
                                                  f"limit takes ({MAX_BYTES_PER_PIXEL} bytes x pipeline.max_pixels)")
@@ -586,6 +592,12 @@ def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int) -> Non
         adapter.postprocess(output, geometry)
     except Exception as e:
         log.warning("warm-up of the image stages failed: %s", e)
+
+
+def _file_kind(mode: int) -> str:
+    kinds = ((stat.S_ISFIFO, "a named pipe"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+    return next((name for test, name in kinds if test(mode)), "not a plain file")
 
 
 def summarize(counts: Counts, seconds: float) -> dict[str, Any]:
