@@ -160,6 +160,8 @@ def move_verified(src: Path, dst: Path) -> Path:
     except OSError as e:
         if e.errno != errno.EXDEV:
             raise
+    if not os.access(src.parent, os.W_OK):  # a read-only share: the copy would be made, the source never removed
+        raise PermissionError(errno.EACCES, f"{src.parent} is not writable: the file cannot be moved out of it")
     fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=TMP_PREFIX)
     os.close(fd)
     try:

@@ -13,6 +13,7 @@ result that flows on to the recorder. `close()` pushes sentinels through so jobs
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import logging
 import os
@@ -134,6 +135,10 @@ class Pipeline:
         # earlier job of the same path read and archived finds the file gone, and is not a failure
         self._archived: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._archived_lock = threading.Lock()
+        # rel -> (size, mtime_ns) of inputs that could not be moved out of the inbox (a read-only inbox,
+        # no permission): done or failed on record, so each rescan leaves them unread, and unlogged,
+        # until their content changes (guarded by _archived_lock too)
+        self._stuck: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._pending = 0
         self._idle = threading.Condition()
         # the outbox's disk is full: intake pauses, and the images that could not be written wait
@@ -273,6 +278,10 @@ class Pipeline:
     def _claim(self, item: _Item) -> bool:
         """Read, hash, check the ledger and claim; False when already done (skipped)."""
         job = item.job
+        with self._archived_lock:
+            if self._stuck.get(job.rel) == (job.size, job.mtime_ns):
+                item.skipped = True  # its outcome is on record; only its move failed (logged once)
+                return False
         if job.path.is_symlink():  # never followed: it could point anywhere on the machine
             raise ImageError(job.rel, "symbolic link: not followed (copy the file into the folder instead)")
         try:
@@ -557,10 +566,24 @@ class Pipeline:
                 self._note_archived(job.rel, identity)
             move_verified(job.path, root / folder / job.rel)
         except (OSError, WorkerError) as e:
-            log.error("cannot archive %s: %s", job.rel, e)
+            if not (isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)):
+                log.error("cannot archive %s: %s", job.rel, e)
+                return
+            sig = identity[1:] if identity is not None else (job.size, job.mtime_ns)
+            with self._archived_lock:
+                known, self._stuck[job.rel] = self._stuck.get(job.rel) == sig, sig
+                if len(self._stuck) > STUCK_REMEMBERED:  # beyond it, the oldest is read and said once more
+                    self._stuck.popitem(last=False)
+            if not known:  # tried again at each rescan (the inbox may become writable), said once
+                log.error("cannot archive %s: %s; it stays in the inbox, and is not read again unless it changes",
+                          job.rel, e.strerror)
+        else:
+            with self._archived_lock:
+                self._stuck.pop(job.rel, None)
 
 
 ARCHIVED_REMEMBERED = 4096  # recent archive moves kept in memory (a few hundred KB)
+STUCK_REMEMBERED = 100_000  # inputs that could not be moved out of the inbox (about 10 MB at most)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:

@@ -140,6 +140,9 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     seen by its event (for supervisors, and for the bench's steady feed)."""
     inbox = cfg.inbox.absolute()
     inbox.mkdir(parents=True, exist_ok=True)
+    if not os.access(inbox, os.W_OK):  # a read-only share or mount: the results still come
+        log.error("%s is not writable: processed inputs cannot be moved to the archive; they stay in the inbox "
+                  "(each is read once per start)", inbox)
     with inbox_lock(inbox):
         return _watch(cfg, inbox, stop, burst, on_finished, ready)
 
