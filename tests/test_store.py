@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -437,3 +438,67 @@ def test_workers_starting_at_once_on_a_new_database_migrate_it_once(tmp_path: Pa
         for t in threads:
             t.join()
         assert not errors, errors
+
+
+def test_a_claim_yields_to_another_live_workers_unless_stale_or_a_recovery(tmp_path: Path) -> None:
+    """Two workers on one database (two `run`s of one folder): the second claim of an image that the
+    first holds is not taken; a claim left for longer than STALE_CLAIM_S (a worker on another host that
+    died) is, and so is a recovery's."""
+    from worker.store.recorder import STALE_CLAIM_S, Claimed, Commit, Recorder, RunInfo
+
+    db = open_db(f"sqlite:///{tmp_path / 'c.db'}")
+    first, second = (Recorder(db, RunInfo("run", "/in", "m", "", "cpu", {})) for _ in range(2))
+    try:
+        def claim(rec: Recorder, rel: str, take_over: bool = False) -> Commit:
+            committed = Commit()
+            rec.put(Claimed(rel, "s" * 64, 10, committed, take_over=take_over))
+            assert committed.wait(10)
+            return committed
+
+        for rel in ("held.png", "stale.png", "recovered.png"):
+            assert claim(first, rel).taken_by is None
+        with db.begin() as c:
+            c.execute(ImageRow.__table__.update().where(ImageRow.rel_path == "stale.png")
+                      .values(updated_at=datetime.now(timezone.utc) - timedelta(seconds=STALE_CLAIM_S + 60)))
+        assert claim(second, "held.png").taken_by == first.run_id
+        assert claim(second, "stale.png").taken_by is None
+        assert claim(second, "recovered.png", take_over=True).taken_by is None
+        assert claim(second, "new.png").taken_by is None
+        with db.connect() as c:
+            rows = {r.rel_path: (r.run_id, r.attempts) for r in c.execute(select(ImageRow))}
+        assert rows == {"held.png": (first.run_id, 1), "stale.png": (second.run_id, 2),
+                        "recovered.png": (second.run_id, 2), "new.png": (second.run_id, 1)}
+    finally:
+        first.close()
+        second.close()
+    db.dispose()
+
+
+def test_two_runs_of_one_folder_share_the_work(effnet_onnx: Path, tmp_path: Path, samples: Path) -> None:
+    """Two `worker run` processes over one folder and database: each image is processed by one of
+    them (but for a rare one finished in the window between the other's check and claim), with no
+    database error (before: both processed nearly every image, and their result rows collided)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import CACHE, ROOT
+
+    folder = tmp_path / "shared"
+    folder.mkdir()
+    data = (samples / "coffee.png").read_bytes()
+    for i in range(300):  # distinct content
+        (folder / f"img{i:03d}.png").write_bytes(data + i.to_bytes(2, "big"))
+    conf = tmp_path / "c.yaml"
+    conf.write_text(f"outbox: out\ndb: sqlite:///w.db\nmodel: efficientnet-lite0\nmodels_dir: {ROOT / 'models'}\n"
+                    f"cache_dir: {CACHE}\n")
+    cmd = [sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder), "--no-progress"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert not any("Traceback" in err or "failed, retrying" in err for _, err in outs), outs
+    with open_db(f"sqlite:///{tmp_path / 'w.db'}").connect() as c:
+        rows = c.execute(select(ImageRow.status, ImageRow.attempts)).all()
+        results = c.execute(text("SELECT count(*) FROM results")).scalar()
+    assert len(rows) == 300 and set(rows) == {("done", 1)} and results == 300
+    done = [int(re.search(r"done (\d+),", out)[1]) for out, _ in outs]
+    assert 300 <= sum(done) <= 310, done

@@ -24,6 +24,8 @@ class Job:
     size: int
     mtime_ns: int
     enqueued_at: float = field(default_factory=time.perf_counter, compare=False, hash=False)
+    # recovery of an image a dead worker left `processing`: its claim takes the row over (see Claimed)
+    take_over: bool = field(default=False, compare=False, hash=False)
 
     @classmethod
     def from_path(cls, root: Path, path: Path) -> "Job":

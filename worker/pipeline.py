@@ -13,6 +13,7 @@ result that flows on to the recorder. `close()` pushes sentinels through so jobs
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import logging
@@ -85,6 +86,7 @@ class Counts:
     done: int = 0
     failed: int = 0
     skipped: int = 0
+    taken: int = 0  # left to another live worker that claimed them first
     latencies_ms: LatencyWindow = field(default_factory=LatencyWindow)  # done images, total ms
 
     @property
@@ -108,6 +110,7 @@ class _Item:
     committed: Commit | None = None  # set once the claim's transaction has ended
     error: str | None = None
     skipped: bool = False  # already done with the same content and model
+    taken: bool = False  # in another live worker's hands (its claim came first): left to it
     timings: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
 
@@ -201,7 +204,7 @@ class Pipeline:
             path = root / rel
             if path.is_file() or path.is_symlink():  # a symlink is refused by the claim step, on record
                 log.warning("%s was in flight when a worker stopped: processing it on its own first", rel)
-                self.submit(Job.from_path(root, path))
+                self.submit(dataclasses.replace(Job.from_path(root, path), take_over=True))
                 self.drain()
                 done.add(rel)
         return done
@@ -315,7 +318,7 @@ class Pipeline:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
         item.committed = Commit()
-        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed))
+        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed, take_over=job.take_over))
         return True
 
     def _decode(self, item: _Item) -> bool:
@@ -327,6 +330,9 @@ class Pipeline:
         # the attempt is on record before decoding: a crash in the decoder counts
         if not item.committed.wait():
             item.error = "not processed: the database refused its claim (see the log)"
+            return False
+        if item.committed.taken_by is not None:  # another live worker (a second `run` of this folder) has it
+            item.taken = True
             return False
         t0 = time.perf_counter()
         item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
@@ -385,6 +391,10 @@ class Pipeline:
     # -- stage 3: postprocess, write, record ------------------------------------------------
     def _finish_loop(self) -> None:
         while (item := self._inferred.get()) is not _STOP:
+            if item.taken:  # nothing recorded, nothing archived: the other worker does both
+                self.counts.taken += 1
+                self._done(item.job, JobStatus.PROCESSING)
+                continue
             try:
                 status, committed = self._finish(item)
             except Exception:
@@ -624,7 +634,7 @@ def _file_kind(mode: int) -> str:
 
 
 def summarize(counts: Counts, seconds: float) -> dict[str, Any]:
-    return {"images": counts.processed + counts.skipped, "done": counts.done, "failed": counts.failed,
-            "skipped": counts.skipped, "seconds": round(seconds, 3),
+    return {"images": counts.processed + counts.skipped + counts.taken, "done": counts.done, "failed": counts.failed,
+            "skipped": counts.skipped, "taken": counts.taken, "seconds": round(seconds, 3),
             "images_per_s": round(counts.processed / seconds, 2) if seconds > 0 else 0.0,
             **{k: round(v, 1) for k, v in percentiles(counts.latencies_ms.last()).items()}}

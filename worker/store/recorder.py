@@ -15,10 +15,10 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Union
 
-from sqlalchemy import Connection, Engine, Integer, bindparam, case, delete, insert, select, update
+from sqlalchemy import Connection, Engine, Integer, bindparam, case, delete, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -50,6 +50,9 @@ WAL_RESET_BYTES = 64 << 20
 WAL_RESET_WAIT_MS = 200
 WAL_RESET_BACKOFF_S = 60.0  # after a reader made it give up: not every second while that reader stays
 _UNCLAIMED: Any = object()
+# a claim older than this that its worker never finished is taken over by another worker's claim (a
+# worker on another host that died: this host's dead workers are recovered at the next start)
+STALE_CLAIM_S = 600.0
 
 
 class _Hot:
@@ -103,9 +106,10 @@ class Commit:
     def __init__(self) -> None:
         self._ended = threading.Event()
         self._recorded = False
+        self.taken_by: int | None = None  # a claim: the run of another live worker that holds the image
 
-    def set(self, recorded: bool = True) -> None:
-        self._recorded = recorded
+    def set(self, recorded: bool = True, taken_by: int | None = None) -> None:
+        self._recorded, self.taken_by = recorded, taken_by
         self._ended.set()
 
     def is_set(self) -> bool:
@@ -127,6 +131,9 @@ class Claimed:
     sha256: str
     size: int
     committed: Commit | None = None
+    # False: the claim yields to another live worker's (its `committed.taken_by` says whose); True: a
+    # recovery, taking over the row a dead worker left `processing`
+    take_over: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -182,6 +189,7 @@ class Recorder:
         # upserts are dialect-specific (SQLite and PostgreSQL both have ON CONFLICT DO UPDATE)
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
+        self._taken: dict[int, int] = {}  # id() of a claim in the batch being written -> the run holding its image
         self.refused = 0  # events the database refused (logged; their producers were told)
         self._statements()
         self._sqlite = engine.dialect.name == "sqlite"
@@ -257,7 +265,8 @@ class Recorder:
                     self._reconnect()
             for e in batch:
                 if not isinstance(e, Sample) and e.committed is not None:
-                    e.committed.set(id(e) not in refused)
+                    e.committed.set(id(e) not in refused, self._taken.pop(id(e), None))
+            self._taken.clear()
 
     def _reconnect(self) -> None:
         """After a failed transaction: a fresh connection, in case the old one is broken (server restart)."""
@@ -317,8 +326,13 @@ class Recorder:
                       updated_at=ins.excluded.updated_at,
                       attempts=case((IMAGES.c.status == JobStatus.DONE.value, ins.excluded.attempts),
                                     else_=IMAGES.c.attempts + ins.excluded.attempts)),
+            # two workers on one folder (two `run`s sharing a database): an image in another live worker's
+            # hands is left to it; the ids query below tells the claimer whose it is
+            where=or_(IMAGES.c.status != JobStatus.PROCESSING.value, IMAGES.c.run_id == ins.excluded.run_id,
+                      bindparam("force", type_=Integer) == 1,
+                      IMAGES.c.updated_at < bindparam("stale_before", type_=IMAGES.c.updated_at.type)),
         )
-        self._ids = select(IMAGES.c.id, IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.created_at).where(
+        self._ids = select(IMAGES.c.id, IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.created_at, IMAGES.c.run_id).where(
             IMAGES.c.model == bindparam("model"), IMAGES.c.rel_path.in_(bindparam("rels", expanding=True)))
         finish = update(IMAGES).where(IMAGES.c.id == bindparam("image_id")).values(
             status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"),
@@ -343,25 +357,30 @@ class Recorder:
                                     queue_depth=e.queue_depth, images_done=e.images_done, gpu_bytes=e.gpu_bytes))
             elif isinstance(e, Claimed):
                 self._claimed[(e.rel, e.sha256)] = None  # its id is filled in below
-                claimed_now.append((e.rel, e.sha256))
-                claims.append(self._claim_params(e.rel, e.sha256, e.size, 1, now))
+                claimed_now.append(e)
+                claims.append(self._claim_params(e.rel, e.sha256, e.size, 1, now, e.take_over))
             else:
                 known = self._claimed.pop((e.rel, e.sha256), _UNCLAIMED)
                 if known is _UNCLAIMED:  # failed before its claim (unreadable file, quarantined): a row all the same
-                    claims.append(self._claim_params(e.rel, e.sha256, e.size, 0, now))
+                    claims.append(self._claim_params(e.rel, e.sha256, e.size, 0, now, True))
                     known = None
                 finishes.append((e, known))
         conn = self._conn
         with conn.begin():
             ids = self._claim_all(conn, claims, now)
-            for key in claimed_now:
-                if key in self._claimed:  # not finished in this batch
-                    self._claimed[key] = ids[key]
+            for e in claimed_now:
+                key = (e.rel, e.sha256)
+                image_id, fresh, holder = ids[key]
+                if holder != self.run_id:  # another live worker's: this one leaves the image alone
+                    self._claimed.pop(key, None)
+                    self._taken[id(e)] = holder
+                elif key in self._claimed:  # not finished in this batch
+                    self._claimed[key] = (image_id, fresh)
             finished: dict[int, dict[str, Any]] = {}  # image id -> its last outcome in this batch
             per_image: dict[int, dict[Any, list[dict[str, Any]]]] = {}  # image id -> its result rows
             stale: set[int] = set()
             for e, known in finishes:
-                image_id, fresh = known or ids[(e.rel, e.sha256)]
+                image_id, fresh = known or ids[(e.rel, e.sha256)][:2]
                 finished[image_id] = dict(image_id=image_id, status=e.status.value, error=e.error, now=now,
                                           undo=int(e.undo_attempt))
                 if not fresh:  # a retried image replaces its earlier rows: never two results
@@ -386,21 +405,23 @@ class Recorder:
             if samples:
                 conn.execute(insert(SAMPLES), samples)
 
-    def _claim_params(self, rel: str, sha256: str, size: int, inc: int, now: datetime) -> dict[str, Any]:
+    def _claim_params(self, rel: str, sha256: str, size: int, inc: int, now: datetime, force: bool) -> dict[str, Any]:
         return dict(run_id=self.run_id, rel=rel, sha=sha256, model=self.model, size=size,
-                    status=JobStatus.PROCESSING.value, inc=inc, now=now)
+                    status=JobStatus.PROCESSING.value, inc=inc, now=now, force=int(force),
+                    stale_before=now - timedelta(seconds=STALE_CLAIM_S))
 
     def _claim_all(self, conn: Connection, claims: list[dict[str, Any]],
-                   now: datetime) -> dict[tuple[str, str], tuple[int, bool]]:
+                   now: datetime) -> dict[tuple[str, str], tuple[int, bool, int]]:
         """Upsert the image rows as processing, attempts + inc, in one executemany; then read their ids
-        in one query. Returns (rel, sha256) -> (id, fresh): fresh means first seen now, so it has no
-        earlier result rows to replace."""
+        in one query. Returns (rel, sha256) -> (id, fresh, run id holding it): fresh means first seen now,
+        so it has no earlier result rows to replace; a run id not ours means another worker holds it."""
         if not claims:
             return {}
         self._hot["upsert"].run(conn, claims)
         wanted = {(c["rel"], c["sha"]) for c in claims}
         rows = conn.execute(self._ids, {"model": self.model, "rels": sorted({rel for rel, _ in wanted})})
-        return {(r.rel_path, r.sha256): (r.id, r.created_at == now) for r in rows if (r.rel_path, r.sha256) in wanted}
+        return {(r.rel_path, r.sha256): (r.id, r.created_at == now, r.run_id)
+                for r in rows if (r.rel_path, r.sha256) in wanted}
 
 
 def _describe(event: Event) -> str:
