@@ -251,6 +251,7 @@ class Recorder:
                 self._write(batch)
             except Exception:  # one bad batch must not stop the recorder: retry events one by one
                 log.exception("recorder: batch of %d failed, retrying one by one", len(batch))
+                self._taken.clear()  # read in the transaction that was rolled back: each retry reads its own
                 self._reconnect()
                 for e in batch:
                     try:
