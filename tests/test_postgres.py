@@ -100,5 +100,20 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         assert stats["counts"] == {"done": 3} and stats["latency_ms"]["total_ms"]["p50"] > 0
         (stats,) = run_stats(db, run_id=second.run_id, warmup_s=0)
         assert stats["counts"] == {"failed": 1}
+
+        # the conditional claim (ON CONFLICT ... DO UPDATE ... WHERE) on PostgreSQL: a live worker's image
+        # is left to it, a recovery takes it over
+        from worker.store.recorder import Claimed, Commit, Recorder, RunInfo
+
+        first_rec, second_rec = (Recorder(db, RunInfo("run", "/in", "m", "", "cpu", {})) for _ in range(2))
+        try:
+            for rec, take_over, expected in ((first_rec, False, None), (second_rec, False, first_rec.run_id),
+                                             (second_rec, True, None)):
+                committed = Commit()
+                rec.put(Claimed("held.png", "s" * 64, 10, committed, take_over=take_over))
+                assert committed.wait(10) and committed.taken_by == expected
+        finally:
+            first_rec.close()
+            second_rec.close()
     finally:
         db.dispose()
