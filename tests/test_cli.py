@@ -105,6 +105,10 @@ def test_readers_refuse_a_missing_database_and_run_says_when_it_found_nothing(tm
         out = r.invoke(cli, ["--config", str(_config(tmp_path)), *command, "--db", f"sqlite:///{missing}"])
         assert out.exit_code != 0 and f"no database at {missing}" in str(out.exception), command
     assert not missing.parent.exists()
+    for url, why in (("notaurl", "cannot be parsed"), ("mysql://u@h/d", "SQLite and PostgreSQL are supported"),
+                     ("postgresql+nosuchdriver://u@h/d", "its driver is not installed")):
+        out = r.invoke(cli, ["--config", str(_config(tmp_path)), "query", "--db", url])
+        assert out.exit_code != 0 and why in str(out.exception), url
     empty = tmp_path / "empty"
     (empty / ".hidden.jpg").parent.mkdir()
     (empty / ".hidden.jpg").write_bytes(b"")

@@ -9,7 +9,8 @@ from typing import Iterator
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from sqlalchemy import Engine, create_engine, event
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from worker.config import PROJECT_ROOT
 from worker.errors import StoreError
@@ -26,11 +27,25 @@ def migrations_dir() -> Path:
     raise StoreError(f"migrations folder not found at {here}; install worker from its checkout (pip install -e .)")
 
 
+def _parse(url: str) -> URL:
+    try:
+        return make_url(url)
+    except ArgumentError:
+        raise StoreError(f"database URL {url!r} cannot be parsed (e.g. sqlite:///var/worker.db, "
+                         f"postgresql+psycopg://USER@HOST/DBNAME)") from None
+
+
 def make_engine(url: str) -> Engine:
     """A SQLAlchemy engine; for SQLite: WAL, busy timeout, foreign keys, parent folder created."""
-    u = make_url(url)
+    u = _parse(url)
+    if u.get_backend_name() not in ("sqlite", "postgresql"):
+        raise StoreError(f"database URL {url!r}: SQLite and PostgreSQL are supported, not {u.get_backend_name()}")
     if u.get_backend_name() != "sqlite":
-        return create_engine(url, pool_pre_ping=True)
+        try:
+            return create_engine(url, pool_pre_ping=True)
+        except (ImportError, NoSuchModuleError) as e:
+            raise StoreError(f"database URL {url!r}: its driver is not installed ({e}); for PostgreSQL: "
+                             f"pip install -e '.[postgres]' and postgresql+psycopg://USER@HOST/DBNAME") from None
     if u.database and u.database != ":memory:":
         try:
             Path(u.database).parent.mkdir(parents=True, exist_ok=True)
@@ -100,7 +115,7 @@ def downgrade(engine: Engine, revision: str) -> None:
 def open_db(url: str, create: bool = True) -> Engine:
     """Engine with the schema migrated to the latest revision. `create=False` (the commands that only
     read) refuses a SQLite file that does not exist, instead of making an empty one at a mistyped path."""
-    u = make_url(url)
+    u = _parse(url)
     if not create and u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:" \
             and not Path(u.database).exists():
         raise StoreError(f"no database at {Path(u.database).absolute()} (`worker run` or `worker watch` makes it; "
