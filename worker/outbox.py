@@ -142,9 +142,10 @@ def move_verified(src: Path, dst: Path) -> Path:
     sha256, rename, then delete the source, so a crash never leaves the file in neither place.
     """
     dst.parent.mkdir(parents=True, exist_ok=True)
-    if not stat.S_ISREG(os.lstat(src).st_mode):  # a named pipe with an image's name: never opened (it would block)
+    st = os.lstat(src)
+    if not stat.S_ISREG(st.st_mode):  # a named pipe with an image's name: never opened (it would block)
         if dst.exists():
-            dst = dst.with_name(f"{dst.name}.{os.lstat(src).st_ino}{dst.suffix}")
+            dst = dst.with_name(f"{dst.name}.{st.st_ino}{dst.suffix}")
         try:
             os.replace(src, dst)
         except OSError as e:

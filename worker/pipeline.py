@@ -281,10 +281,11 @@ class Pipeline:
     def _claim(self, item: _Item) -> bool:
         """Read, hash, check the ledger and claim; False when already done (skipped)."""
         job = item.job
-        with self._archived_lock:
-            if self._stuck.get(job.rel) == (job.size, job.mtime_ns):
-                item.skipped = True  # its outcome is on record; only its move failed (logged once)
-                return False
+        if self._stuck:  # empty but for a read-only inbox: no lock taken per image otherwise
+            with self._archived_lock:
+                if self._stuck.get(job.rel) == (job.size, job.mtime_ns):
+                    item.skipped = True  # its outcome is on record; only its move failed (logged once)
+                    return False
         if job.path.is_symlink():  # never followed: it could point anywhere on the machine
             raise ImageError(job.rel, "symbolic link: not followed (copy the file into the folder instead)")
         try:

@@ -234,7 +234,7 @@ class WatchedInbox:
         self.intake, self._kind, self._poll_interval_s = intake, kind, poll_interval_s
         self._identity = folder_identity(intake.root)
         self._observer: BaseObserver | None = start_observer(intake, kind, poll_interval_s)
-        self._lock = contextlib.ExitStack()  # the lock on a replacement folder (the first one is the caller's)
+        self._lock = contextlib.ExitStack()  # inbox_lock on a replacement folder (the first one is the caller's)
         self._state = "watching"  # or "gone", "taken" (another worker watches the replacement)
         self._next_check = time.monotonic() + INBOX_CHECK_S
 
@@ -255,16 +255,14 @@ class WatchedInbox:
             return
         self._stop_observer()
         self._lock.close()
-        held = self._lock.enter_context(flocked(root, wait=False))
-        if held is False:
+        try:
+            self._lock.enter_context(inbox_lock(root))
+        except WorkerError:
             if self._state != "taken":
                 log.error("%s: the inbox was replaced and another worker watches the new folder: this one "
                           "takes no new file", root)
                 self._state = "taken"
-            self._lock.close()
             return
-        if held is None:
-            log.warning("cannot lock %s: make sure no other worker watches it", root)
         self._identity, self._state = identity, "watching"
         self._observer = start_observer(self.intake, self._kind, self._poll_interval_s)
         log.warning("%s: the inbox was replaced (deleted and made again, or mounted again): watching the new "
