@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from tests.conftest import CACHE, ROOT, wait_for
 from worker.cli import cli
 
-COMMANDS = ["demo", "watch", "run", "query", "stats", "soak", "bench", "export coco", "models list", "models pull",
+COMMANDS = ["demo", "watch", "run", "query", "stats", "health", "soak", "bench", "export coco", "models list", "models pull",
             "db upgrade", "db downgrade"]
 
 

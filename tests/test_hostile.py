@@ -19,6 +19,8 @@ from tests.conftest import image_rows, wait_for
 from worker.jobs import Job
 from worker.service import open_pipeline, run_folder, watch
 from worker.store.db import open_db
+from worker.store.health import Health, RunState
+from worker.store.queries import run_health
 
 
 
@@ -170,7 +172,8 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
     monkeypatch.setattr(pipeline_mod, "ROOM_CHECK_S", 0.1)
     monkeypatch.setattr(pipeline_mod, "FULL_REMINDER_S", 0.3)
     try:
-        cfg = dataclasses.replace(effcfg, outbox=small / "out")
+        cfg = dataclasses.replace(effcfg, outbox=small / "out",  # samples often: `health` sees the stall
+                                  metrics=dataclasses.replace(effcfg.metrics, memory_sample_s=0.05))
         (small / "out").mkdir()
         data = (samples / "coffee.png").read_bytes()
 
@@ -197,9 +200,22 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
         queued = [r for r in image_rows(cfg).values() if r.status == "queued"]
         assert "waiting for room in the outbox" in queued[0].error and "No space left on device" in queued[0].error
         assert wait_for(lambda: "still no room after" in caplog.text, 30)  # said again while it lasts
+        # what a monitor sees meanwhile (`worker health`): images in flight, none finished
+        def health(stall_s: float = 0.5) -> Health:
+            db = open_db(cfg.db)
+            try:
+                h = run_health(db, stall_s=stall_s)
+            finally:
+                db.dispose()
+            assert h is not None
+            return h
+
+        assert wait_for(lambda: health().state is RunState.STALLED, 30)
+        assert "in flight and none finished for" in health().detail
         ballast.unlink()
         t.join(120)
         assert not t.is_alive() and out[0].figures["done"] == 30 and out[0].figures["failed"] == 0
+        assert health().state is RunState.FINISHED
         rows = image_rows(cfg)
         assert {(r.status, r.attempts) for r in rows.values()} == {("done", 1)} and len(rows) == 30
         assert all((small / "out" / f"{rel}.json").exists() for rel in rows)

@@ -248,7 +248,9 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
     for r in runs:
         m = r["memory"]
         click.echo(f"run {r['run']} {r['mode']} model={r['model']} providers={r['providers']} "
-                   f"started={r['started_at']} finished={r['finished_at'] or '(running or killed)'}")
+                   f"started={r['started_at']} finished={r['finished_at'] or '-'}")
+        if r["health"]["state"] != "finished":
+            click.echo(f"  state: {r['health']['detail']}")
         click.echo(f"  counts: {json.dumps(r['counts'])}  images/s: {_or_dash(r['images_per_s'])}  "
                    f"mean batch: {_or_dash(r['batch_size_mean'])}")
         if r["batch_size_mean"] is None:
@@ -266,6 +268,42 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
         if "gpu_peak_mb" in m:
             click.echo(f"  GPU memory: {m['gpu_start_mb']} -> {m['gpu_end_mb']} MB (peak {m['gpu_peak_mb']}), "
                        f"slope {_or_dash(m['gpu_slope_mb_per_h'])} MB/h after warm-up")
+
+
+@cli.command()
+@click.option("--inbox", type=click.Path(path_type=Path), help="The watched inbox (default: the config's).")
+@click.option("--run", "run_id", type=int, help="This run instead (any mode).")
+@click.option("--stalled-after", default="5m", show_default=True,
+              help="Images in flight and none finished for this long: stalled (90s, 10m).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+@click.option("--db", "db", help="Database URL (overrides config).")
+@click.pass_context
+def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_after: str, fmt: str,
+           db: str | None) -> None:
+    """Is the watcher running and making progress? Exit 0 if so, 1 if not (for monitors).
+
+    Reads the database only: the latest `watch` run on the inbox, its process and its memory
+    samples (the heartbeat). States: running, stalled, gone (stopped without finishing), silent
+    (another host's, no recent sample), finished.
+
+    \b
+    Example:
+      worker health --inbox /srv/scans/in
+      worker health --run 12 --format json
+    """
+    from worker.store.db import open_db
+    from worker.store.queries import run_health
+
+    cfg = _load(ctx, db=db, inbox=inbox)
+    root = None if run_id is not None else str(cfg.inbox.absolute())
+    h = run_health(open_db(cfg.db, create=False), run_id=run_id, root=root, stall_s=_duration(stalled_after))
+    if h is None:
+        what = f"run {run_id}" if run_id is not None else f"watch run on {root}"
+        click.echo(json.dumps({"state": None, "detail": f"no {what} on record"}) if fmt == "json"
+                   else f"no {what} on record")
+        sys.exit(1)
+    click.echo(json.dumps(h.as_dict()) if fmt == "json" else f"run {h.run} ({h.mode}) {h.detail}")
+    sys.exit(0 if h.state == "running" else 1)
 
 
 def _nan_to_none(value: Any) -> Any:

@@ -210,7 +210,9 @@ class Pipeline:
         return done
 
     def depth(self) -> int:
-        return self._jobs.qsize() + self._prepared.qsize() + self._inferred.qsize()
+        """Images in the pipeline: submitted and not yet finished (queued, in progress, or waiting for
+        room in the outbox). Each memory sample records it: with a count that stops moving, a stall."""
+        return self._pending
 
     def drain(self, timeout: float | None = None) -> bool:
         """Wait until every submitted job has finished; False on timeout."""

@@ -88,8 +88,11 @@ def _running(host: str, pid: int) -> bool:
     one (a container restarts its worker under the same pid: then the run is a previous life's)."""
     if host != socket.gethostname():
         return True
-    if pid == os.getpid():
-        return False
+    return pid != os.getpid() and process_exists(pid)
+
+
+def process_exists(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (whoever owns it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

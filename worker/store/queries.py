@@ -12,7 +12,8 @@ from sqlalchemy import Engine, and_, func, select
 
 from worker.jobs import JobStatus
 from worker.metrics import percentiles, slope_per_hour
-from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
+from worker.store.health import STALL_S, Beat, Health, assess, sample_period_s
+from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
 
 def glob_to_like(pattern: str) -> str:
@@ -107,17 +108,43 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
                                     .join(ImageRow, ImageRow.id == TimingRow.image_id)
                                     .where(TimingRow.run_id == rid, ImageRow.status == JobStatus.DONE.value)).all()
             samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes,
-                                       MemorySample.images_done)
+                                       MemorySample.images_done, MemorySample.queue_depth)
                                 .where(MemorySample.run_id == rid).order_by(MemorySample.at)).all()
-            out.append(_one_run(dict(run), counts, timing_rows, samples, warmup_s))
+            stats = _one_run(dict(run), counts, timing_rows, samples, warmup_s)
+            beats = [Beat(s.at, s.queue_depth, s.images_done) for s in samples]
+            stats["health"] = assess(dict(run), beats, utcnow()).as_dict()
+            out.append(stats)
     return out
+
+
+def run_health(db: Engine, run_id: int | None = None, root: str | None = None,
+               stall_s: float = STALL_S) -> Health | None:
+    """The state of one run (see worker.store.health): `run_id`'s, else the latest `watch` run on
+    `root` (an inbox), else the latest run. None when there is no such run."""
+    q = select(Run).order_by(Run.id.desc()).limit(1)
+    if run_id is not None:
+        q = select(Run).where(Run.id == run_id)
+    elif root is not None:
+        q = q.where(Run.mode == "watch", Run.root == root)
+    with db.connect() as c:
+        run = c.execute(q).mappings().first()
+        if run is None:
+            return None
+        # enough of the latest samples to see a stall of stall_s, and the rate over it
+        keep = int(stall_s / sample_period_s(run["config"])) + 20
+        rows = c.execute(select(MemorySample.at, MemorySample.queue_depth, MemorySample.images_done)
+                         .where(MemorySample.run_id == run["id"]).order_by(MemorySample.at.desc())
+                         .limit(keep)).all()
+    return assess(dict(run), [Beat(r.at, r.queue_depth, r.images_done) for r in reversed(rows)], utcnow(), stall_s)
 
 
 def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any], samples: list[Any],
              warmup_s: float) -> dict[str, Any]:
     start, end = run["started_at"], run["finished_at"]
     processed = counts.get("done", 0) + counts.get("failed", 0)
-    span = (end - start).total_seconds() if end else None
+    # an unfinished run (running, or stopped without finishing): up to its last sample
+    until = end or (samples[-1].at if samples else None)
+    span = (until - start).total_seconds() if until else None
     stages = {s: percentiles([r[i] for r in timing_rows]) for i, s in enumerate(STAGES)}
     memory: dict[str, Any] = {"samples": len(samples)}
     if samples:
