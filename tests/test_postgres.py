@@ -22,7 +22,8 @@ from sqlalchemy import func, select, text
 
 from worker.service import run_folder
 from worker.store.db import open_db
-from worker.store.queries import run_stats
+from worker.store.health import RunState
+from worker.store.queries import run_health, run_stats
 from worker.store.schema import ImageRow, LabelRow, ResultRow, TimingRow
 
 
@@ -99,7 +100,10 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         (stats,) = run_stats(db, run_id=first.run_id, warmup_s=0)  # an image counts in the run that last had it
         assert stats["counts"] == {"done": 3} and stats["latency_ms"]["total_ms"]["p50"] > 0
         (stats,) = run_stats(db, run_id=second.run_id, warmup_s=0)
-        assert stats["counts"] == {"failed": 1}
+        assert stats["counts"] == {"failed": 1} and stats["health"]["state"] == "finished"
+        # `worker health`'s reads: a run by id, and the latest watch run on an inbox (none here)
+        assert run_health(db, run_id=first.run_id).state is RunState.FINISHED
+        assert run_health(db, root=str(folder)) is None
 
         # the conditional claim (ON CONFLICT ... DO UPDATE ... WHERE) on PostgreSQL: a live worker's image
         # is left to it, a recovery takes it over
