@@ -31,6 +31,7 @@ class WatchConfig:
     settle_s: float = 1.0  # size and mtime unchanged this long => fully written (polling, copy tools)
     poll_interval_s: float = 1.0  # polling observer period
     rescan_interval_s: float = 30.0  # periodic inbox rescan, catches missed events; 0 disables
+    status_log_s: float = 300.0  # log a status line this often (done, failed, latency, RSS); 0 disables
 
 
 @dataclass(frozen=True)

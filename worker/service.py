@@ -23,6 +23,7 @@ from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.outbox import Outbox, remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
+from worker.status import StatusLog
 from worker.store.db import open_db
 from worker.store.recorder import Recorder, RunInfo
 from worker.tasks import adapter_for
@@ -166,8 +167,15 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
         log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
         if ready is not None:
             ready.set()
+        status = StatusLog(cfg.watch.status_log_s, pipeline.counts, pipeline.depth)
+
+        def check() -> None:  # every pass of the intake loop
+            if watched is not None:
+                watched.check()
+            status.tick()
+
         try:
-            intake.run(stop, burst=burst, check=watched.check if watched is not None else None)
+            intake.run(stop, burst=burst, check=check)
         finally:
             if watched is not None:
                 watched.stop()

@@ -20,6 +20,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Sequence
 
+from worker.metrics import span_text
 from worker.store.ledger import process_exists
 
 STALL_S = 300.0  # images in flight and none finished for this long: stalled
@@ -101,28 +102,21 @@ def assess(run: dict[str, Any], beats: Sequence[Beat], now: datetime, stall_s: f
         if since <= silent_after:  # just started: its first sample is on its way
             return health(RunState.RUNNING, f"running: {where}, started {_ago(since)}, no sample yet")
         if here:
-            return health(RunState.STALLED, f"stalled: {where} exists but wrote no sample for {_span(since)} "
+            return health(RunState.STALLED, f"stalled: {where} exists but wrote no sample for {span_text(since)} "
                                             "(hung, or that pid now belongs to another program)")
-        return health(RunState.SILENT, f"silent: no sample from {where} for {_span(since)} "
+        return health(RunState.SILENT, f"silent: no sample from {where} for {span_text(since)} "
                                        f"(gone or hung; its process cannot be checked from {socket.gethostname()})")
     assert last is not None
     stuck = stalled_for(beats)
     if stuck >= stall_s:
         return health(RunState.STALLED, f"stalled: {last.in_flight} image(s) in flight and none finished for "
-                                        f"{_span(stuck)} ({where}, {seen}; its log says why)", stuck)
+                                        f"{span_text(stuck)} ({where}, {seen}; its log says why)", stuck)
     recent = [b for b in beats if (last.at - b.at).total_seconds() <= stall_s]
     span = (last.at - recent[0].at).total_seconds()
-    rate = f", {last.processed - recent[0].processed} processed in the last {_span(span)}" if span > 0 else ""
+    rate = f", {last.processed - recent[0].processed} processed in the last {span_text(span)}" if span > 0 else ""
     return health(RunState.RUNNING, f"running: {where}, {seen}, {last.in_flight} in flight{rate}", stuck)
 
 
+
 def _ago(seconds: float) -> str:
-    return f"{_span(seconds)} ago"
-
-
-def _span(seconds: float) -> str:
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
+    return f"{span_text(seconds)} ago"

@@ -1,0 +1,67 @@
+"""worker.status: the watcher's periodic status line, with a controlled clock and on a real watcher."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import shutil
+from pathlib import Path
+
+from tests.conftest import wait_for
+from tests.test_watch import Watching
+from worker.pipeline import Counts
+from worker.status import StatusLog
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_one_line_per_period_saying_what_happened_since_the_last(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="worker.status")
+    counts, clock, flight = Counts(), Clock(), [0]
+    status = StatusLog(300, counts, lambda: flight[0], clock)
+    clock.now += 299
+    status.tick()
+    assert not caplog.records  # not yet
+    clock.now += 1
+    status.tick()
+    assert re.fullmatch(r"status: idle for the last 5 min; 0 in flight; RSS \d+ MB", caplog.records[-1].message)
+    for ms in range(1, 101):
+        counts.done += 1
+        counts.latencies_ms.add(float(ms))
+    counts.failed, counts.skipped, flight[0] = 2, 3, 4
+    clock.now += 300
+    status.tick()
+    line = caplog.records[-1].message
+    assert line.startswith("status: 100 done, 2 failed, 3 skipped (already done) in the last 5 min (0.3 images/s)")
+    assert "latency p50 50 ms, p99 99 ms; 4 in flight; RSS" in line
+    counts.done += 1  # the next line counts only what is new, its latency included
+    counts.latencies_ms.add(7.0)
+    clock.now += 600
+    status.tick()
+    assert "status: 1 done, 0 failed in the last 10 min" in caplog.records[-1].message
+    assert "latency p50 7 ms, p99 7 ms" in caplog.records[-1].message
+    off = StatusLog(0, counts, lambda: 0, clock)  # 0 disables
+    clock.now += 10_000
+    n = len(caplog.records)
+    off.tick()
+    assert len(caplog.records) == n
+
+
+def test_a_real_watcher_logs_its_status(cfg, samples: Path, caplog) -> None:
+    caplog.set_level(logging.INFO, logger="worker.status")
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, status_log_s=0.3))
+    cfg.inbox.mkdir(parents=True)
+    with Watching(cfg) as w:
+        assert w.ready.wait(120)
+        for name in ("coffee.png", "chelsea.png"):
+            shutil.copy(samples / name, cfg.inbox / name)
+        assert wait_for(lambda: len(w.finished) == 2, 60)
+        assert wait_for(lambda: any(re.match(r"status: [12] done, 0 failed", r.message) for r in caplog.records), 10)
+        assert wait_for(lambda: "idle for the last" in caplog.records[-1].message, 10)
