@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import re
 import shutil
 from datetime import datetime, timedelta, timezone
@@ -10,9 +12,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, inspect, select, text
 
-from tests.conftest import wait_for
+from tests.conftest import image_rows, wait_for
 from worker.metrics import percentiles, slope_per_hour
-from worker.service import run_folder
+from worker.service import run_folder, watch
 from worker.store.db import downgrade, make_engine, open_db, upgrade
 from worker.store.queries import Filters, glob_to_like, query_images, run_stats
 from worker.store.schema import ImageRow
@@ -507,3 +509,65 @@ def test_two_runs_of_one_folder_share_the_work(effnet_onnx: Path, tmp_path: Path
     assert len(twice) <= 3, (twice, outs)
     done = [int(re.search(r"done (\d+),", out)[1]) for out, _ in outs]
     assert 300 <= sum(done) <= 310, (done, outs)
+
+
+@pytest.mark.timeout(300)
+def test_a_full_database_disk_pauses_the_worker_and_loses_nothing(cfg, tmp_path: Path, samples: Path,
+                                                                  monkeypatch, caplog) -> None:
+    """A real full filesystem (a small tmpfs) under the database: the recorder holds what it cannot
+    write and the pipeline waits, saying so once (before: every batch failed, was retried one by one
+    and refused, every rescan processed the unrecorded inputs again: about 21,500 log lines in 25 s);
+    once there is room every image is done, once. Stopped while the database is still full, the
+    watcher exits at once and leaves what it could not record in the inbox."""
+    import subprocess
+    import threading
+
+    import worker.store.recorder as recorder_mod
+    from tests.test_hostile import _fill
+    from tests.test_watch import Watching
+
+    monkeypatch.setattr(recorder_mod, "DB_RETRY_S", 0.1)
+    caplog.set_level(logging.INFO)
+    disk = tmp_path / "dbdisk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        cfg = dataclasses.replace(cfg, model="efficientnet-lite0", db=f"sqlite:///{disk / 'w.db'}")
+        cfg.inbox.mkdir(parents=True)
+        data = (samples / "coffee.png").read_bytes()
+
+        def drop(prefix: str, n: int) -> None:
+            for i in range(n):  # distinct content
+                (cfg.inbox / f"{prefix}{i:02d}.png").write_bytes(data + prefix.encode() + bytes([i]))
+
+        with Watching(cfg) as w:
+            assert w.ready.wait(120)
+            ballast = _fill(disk, 0)
+            drop("a", 20)
+            assert wait_for(lambda: "the database refuses writes (database or disk is full)" in caplog.text, 60)
+            ballast.unlink()
+            assert wait_for(lambda: len(list((cfg.archive / "done").glob("a*.png"))) == 20, 120)
+        assert "takes writes again after" in caplog.text
+        assert caplog.text.count("the database refuses writes") == 1
+        assert "could not record" not in caplog.text and "left in the inbox" not in caplog.text
+        rows = image_rows(cfg)
+        assert len(rows) == 20 and {(r.status, r.attempts) for r in rows.values()} == {("done", 1)}
+
+        # stopped (the first Ctrl-C) while the database is full: it does not wait for room
+        with Watching(cfg) as w:
+            assert w.ready.wait(120)
+            ballast = _fill(disk, 0)
+            drop("b", 10)
+            assert wait_for(lambda: caplog.text.count("the database refuses writes") == 2, 60)
+            w.stop.set()
+            w.thread.join(30)
+            assert not w.thread.is_alive()
+        ballast.unlink()
+        left = sorted(p.name for p in cfg.inbox.iterdir())
+        assert left and set(left) <= {f"b{i:02d}.png" for i in range(10)}  # not archived: not on record
+        done = watch(cfg, threading.Event(), burst=True)  # the next start does them
+        assert done.figures["failed"] == 0 and not list(cfg.inbox.iterdir())
+        assert {r.status for r in image_rows(cfg).values()} == {"done"} and len(image_rows(cfg)) == 30
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)

@@ -37,15 +37,6 @@ class LatencyWindow:
         return np.roll(self._tail, -start)[:n] if self.count > self._tail.size else self._tail[:n].copy()
 
 
-def span_text(seconds: float) -> str:
-    """A duration for people: 45 s, 12 min, 3.5 h."""
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds / 3600:.1f} h"
-
-
 def percentiles(values: Sequence[float] | np.ndarray, qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
     if len(values) == 0:
         return {f"p{int(q)}": float("nan") for q in qs}

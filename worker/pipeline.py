@@ -175,8 +175,8 @@ class Pipeline:
     def submit(self, job: Job, stop: threading.Event | None = None) -> bool:
         """Queue a job; blocks while the pipeline is full (intake waits, nothing is dropped).
 
-        Once `stop` is set while the outbox is full (nothing moves), it gives up instead: the job is
-        not taken (False), and stays where it is for the next start."""
+        Once `stop` is set while nothing moves (the outbox full, the database refusing writes), it
+        gives up instead: the job is not taken (False), and stays where it is for the next start."""
         with self._idle:
             self._pending += 1
         while True:
@@ -184,7 +184,7 @@ class Pipeline:
                 self._jobs.put(job, timeout=None if stop is None else 0.2)
                 return True
             except queue.Full:
-                if stop is not None and stop.is_set() and not self._outbox_room.is_set():
+                if stop is not None and stop.is_set() and (not self._outbox_room.is_set() or self.recorder.down):
                     self._done(job, JobStatus.QUEUED)
                     return False
 
@@ -515,11 +515,13 @@ class Pipeline:
         return n
 
     def finish_or_abandon(self, stop: threading.Event | None) -> None:
-        """`drain()`, but once `stop` is set, images waiting for room in the outbox are not waited for."""
+        """`drain()`, but once `stop` is set, images waiting for room in the outbox, or for a database
+        that refuses writes, are not waited for."""
         while not self.drain(timeout=0.2):
             if stop is not None and stop.is_set():
                 self._closing.set()  # no more waiting for room: what waits stays for the next start
                 self.abandon_waiting()
+                self.recorder.abandon()
 
     def _timings(self, item: _Item) -> dict[str, float] | None:
         if item.sha256 == "":

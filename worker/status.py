@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 import psutil
 
-from worker.metrics import span_text
+from worker.durations import span_text
 from worker.pipeline import Counts
 
 log = logging.getLogger("worker.status")

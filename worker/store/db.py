@@ -123,3 +123,11 @@ def open_db(url: str, create: bool = True) -> Engine:
     engine = make_engine(url)
     upgrade(engine)
     return engine
+
+
+def database_wide(error: BaseException) -> bool:
+    """A failure of the database as a whole (disk full, I/O error, server down or restarting), not of
+    one event (a constraint, a bad value): PEP 249's OperationalError or InterfaceError, as the driver
+    raised it (the recorder's compiled statements) or wrapped by SQLAlchemy."""
+    orig = getattr(error, "orig", None) or error
+    return any(c.__name__ in ("OperationalError", "InterfaceError") for c in (*type(error).__mro__, *type(orig).__mro__))

@@ -20,7 +20,7 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Sequence
 
-from worker.metrics import span_text
+from worker.durations import span_text
 from worker.store.ledger import process_exists
 
 STALL_S = 300.0  # images in flight and none finished for this long: stalled
@@ -103,7 +103,8 @@ def assess(run: dict[str, Any], beats: Sequence[Beat], now: datetime, stall_s: f
             return health(RunState.RUNNING, f"running: {where}, started {_ago(since)}, no sample yet")
         if here:
             return health(RunState.STALLED, f"stalled: {where} exists but wrote no sample for {span_text(since)} "
-                                            "(hung, or that pid now belongs to another program)")
+                                            "(hung, its database refusing writes, or that pid now belongs to "
+                                            "another program; its log says which)")
         return health(RunState.SILENT, f"silent: no sample from {where} for {span_text(since)} "
                                        f"(gone or hung; its process cannot be checked from {socket.gethostname()})")
     assert last is not None

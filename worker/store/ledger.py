@@ -8,6 +8,7 @@ Measured: about 9 us per check instead of about 100 us through `Connection.execu
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -16,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import Engine, bindparam, select
 
+from worker.store.db import database_wide
 from worker.store.schema import ImageRow, Run
 
 
@@ -26,6 +28,8 @@ class Known:
     error: str | None
     model_sha256: str | None  # of the model file of the run that last processed the image
 
+
+log = logging.getLogger(__name__)
 
 _LOOKUP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256)
            .join(Run, Run.id == ImageRow.run_id, isouter=True)
@@ -44,16 +48,39 @@ class Ledger:
         self._conns: list[Any] = []
 
     def check(self, rel: str, sha256: str) -> Known | None:
+        """What the database says of this image; None when nothing, or when the database cannot say
+        (down: then the image is processed as new, and its claim waits in the recorder until the
+        database is back, so only the few images claimed meanwhile skip this check)."""
         params = {"rel": rel, "sha": sha256, "model": self.model}
-        conn = self._connection()
-        cur = conn.cursor()
         try:
-            cur.execute(self._sql, tuple(params[k] for k in self._order) if self._order else params)
-            row = cur.fetchone()
-        finally:
-            cur.close()
-        conn.rollback()  # end the read transaction some drivers open (PostgreSQL); a no-op on SQLite
+            conn = self._connection()
+            cur = conn.cursor()
+            try:
+                cur.execute(self._sql, tuple(params[k] for k in self._order) if self._order else params)
+                row = cur.fetchone()
+            finally:
+                cur.close()
+            conn.rollback()  # end the read transaction some drivers open (PostgreSQL); a no-op on SQLite
+        except Exception as e:
+            if not database_wide(e):
+                raise
+            log.debug("ledger check of %s: the database cannot say (%s)", rel, e)
+            self._drop_connection()  # broken, perhaps (a server restart): the next check connects anew
+            return None
         return Known(row[0], row[1], row[2], row[3]) if row else None
+
+    def _drop_connection(self) -> None:
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is None:
+            return
+        with self._lock:
+            if conn in self._conns:
+                self._conns.remove(conn)
+        try:
+            conn.invalidate() if hasattr(conn, "invalidate") else conn.close()
+        except Exception:
+            pass
 
     def in_flight(self) -> list[str]:
         """Paths left `processing` for this model by a worker that is gone. A worker still running

@@ -2,8 +2,11 @@
 
 Stages hand it frozen events; it writes them in order. An event can carry a `Commit` that is set
 once its transaction has ended, for the callers that must not act before (the archive move), and says
-whether the event is in the database: an event the database refuses (disk full, server down, after a
-retry) is logged and reported as not recorded, and the recorder keeps going.
+whether the event is in the database. An event the database refuses (a constraint, a bad value,
+after a retry one by one) is logged and reported as not recorded, and the recorder keeps going. A
+database that refuses every write (disk full, server down) is waited for instead: the recorder
+holds its batch and tries again every DB_RETRY_S, and the stages, waiting for their commits, pause
+with it; nothing is refused, nothing repeats, the log says so once (then every DB_REMINDER_S).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from sqlalchemy.orm import Session
 
 from worker import __version__
 from worker.jobs import JobStatus
-from worker.store.db import BUSY_TIMEOUT_MS
+from worker.durations import span_text
+from worker.store.db import BUSY_TIMEOUT_MS, database_wide
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
 IMAGES, RESULTS, LABELS = ImageRow.__table__, ResultRow.__table__, LabelRow.__table__
@@ -50,6 +54,10 @@ WAL_RESET_BYTES = 64 << 20
 WAL_RESET_WAIT_MS = 200
 WAL_RESET_BACKOFF_S = 60.0  # after a reader made it give up: not every second while that reader stays
 _UNCLAIMED: Any = object()
+# a database refusing every write (disk full, server down): the batch is tried again this often, and
+# the log reminded this often while it lasts
+DB_RETRY_S = 5.0
+DB_REMINDER_S = 600.0
 # a claim older than this that its worker never finished is taken over by another worker's claim (a
 # worker on another host that died: this host's dead workers are recovered at the next start)
 STALE_CLAIM_S = 600.0
@@ -191,9 +199,14 @@ class Recorder:
         self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
         self._taken: dict[int, int] = {}  # id() of a claim in the batch being written -> the run holding its image
         self.refused = 0  # events the database refused (logged; their producers were told)
+        self.down = False  # the database refuses every write: events are held (see _record)
+        self._reminded = 0.0  # time.monotonic() of the last log line saying so
+        self._abandon = threading.Event()  # shutting down: stop holding events for a database that is down
         self._statements()
         self._sqlite = engine.dialect.name == "sqlite"
-        self._conn = self._connect()  # held by the recorder thread: a pool checkout per transaction costs more
+        # held by the recorder thread (a pool checkout per transaction costs more); None after a failed
+        # reconnect (the server is down): the next write connects first
+        self._conn: Connection | None = self._connect()
         # bounded like every queue: if the database stalls, the stages wait instead of piling up events
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=10_000)
         self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
@@ -215,6 +228,11 @@ class Recorder:
     def depth(self) -> int:
         return self._queue.qsize()
 
+    def abandon(self) -> None:
+        """Shutting down (Ctrl-C): while the database refuses every write, stop waiting for it; the
+        events held and those that follow are refused (their inputs stay where they are)."""
+        self._abandon.set()
+
     def close(self) -> None:
         """Write everything queued, stamp the run's end, stop the thread."""
         self._queue.put(_STOP)
@@ -225,9 +243,13 @@ class Recorder:
         self._stop_checkpoints.set()
         if self._checkpointer is not None:
             self._checkpointer.join()
-        self._release(self._conn)
-        with Session(self.engine) as s, s.begin():
-            s.execute(update(Run).where(Run.id == self.run_id).values(finished_at=utcnow()))
+        if self._conn is not None:
+            self._release(self._conn)
+        try:
+            with Session(self.engine) as s, s.begin():
+                s.execute(update(Run).where(Run.id == self.run_id).values(finished_at=utcnow()))
+        except Exception as e:  # the database is down: the run shows as stopped without finishing
+            log.error("recorder: cannot record the end of run %d: %s", self.run_id, _reason(e))
 
     def _loop(self) -> None:
         stop = False
@@ -246,39 +268,111 @@ class Recorder:
             batch = [e for e in batch if e is not _STOP and e is not _HURRY]
             if not batch:
                 continue
-            refused: set[int] = set()  # id() of the events the database would not take
-            try:
-                self._write(batch)
-            except Exception:  # one bad batch must not stop the recorder: retry events one by one
-                log.exception("recorder: batch of %d failed, retrying one by one", len(batch))
-                self._taken.clear()  # read in the transaction that was rolled back: each retry reads its own
-                self._reconnect()
-                for e in batch:
-                    try:
-                        self._write([e])
-                    except Exception as err:
-                        log.error("recorder: could not record %s: %s", _describe(e), err)
-                        refused.add(id(e))
-                        if isinstance(e, Claimed):  # not on record: its outcome must claim the row itself
-                            self._claimed.pop((e.rel, e.sha256), None)
-                if refused:
-                    self.refused += len(refused)
-                    self._reconnect()
+            refused = self._record(batch)  # id() of the events the database would not take
             for e in batch:
                 if not isinstance(e, Sample) and e.committed is not None:
                     e.committed.set(id(e) not in refused, self._taken.pop(id(e), None))
             self._taken.clear()
 
-    def _reconnect(self) -> None:
+    def _record(self, batch: list[Event]) -> set[int]:
+        """Write one batch; returns the id() of the events the database refused for themselves. The
+        events it refuses for the database as a whole (disk full, server down) are held and tried
+        again until it takes them (see _wait_for_database), or until shutdown abandons them."""
+        refused: set[int] = set()
+        pending, down_since = batch, None
+        while True:
+            try:
+                self._write(pending)
+            except Exception as e:
+                for ev in pending:  # read in the transaction that was rolled back: each retry reads its own
+                    self._taken.pop(id(ev), None)
+                self._reconnect(quiet=down_since is not None)
+                if (down_since is not None or self.down) and self._abandon.is_set():
+                    return refused | self._refuse(pending, e)
+                if down_since is None or not database_wide(e):  # one bad event must not stop the recorder
+                    if not database_wide(e):
+                        log.exception("recorder: batch of %d failed, retrying one by one", len(pending))
+                    bad, pending, wide = self._one_by_one(pending)
+                    refused |= bad
+                    if not pending:
+                        self._back_up(down_since)
+                        return refused
+                    e = wide or e
+                down_since = self._wait_for_database(e, down_since, len(pending))
+                continue
+            self._back_up(down_since)
+            return refused
+
+    def _back_up(self, down_since: float | None) -> None:
+        if down_since is not None:
+            self.down = False
+            log.warning("recorder: the database takes writes again after %s: going on",
+                        span_text(time.monotonic() - down_since))
+
+    def _one_by_one(self, events: list[Event]) -> tuple[set[int], list[Event], Exception | None]:
+        """The events of a failed batch, one transaction each. Returns the id() of those refused for
+        themselves (logged), those refused for the database as a whole (held), and the last such error."""
+        bad: set[int] = set()
+        held: list[Event] = []
+        wide: Exception | None = None
+        for e in events:
+            try:
+                self._write([e])
+            except Exception as err:
+                self._taken.pop(id(e), None)
+                self._reconnect(quiet=True)
+                if database_wide(err):
+                    held.append(e)
+                    wide = err
+                    continue
+                log.error("recorder: could not record %s: %s", _describe(e), _reason(err))
+                bad.add(id(e))
+                if isinstance(e, Claimed):  # not on record: its outcome must claim the row itself
+                    self._claimed.pop((e.rel, e.sha256), None)
+        self.refused += len(bad)
+        return bad, held, wide
+
+    def _refuse(self, batch: list[Event], error: Exception) -> set[int]:
+        """Shutting down while the database is down: the held events are not recorded."""
+        log.error("recorder: shutting down with the database still refusing writes (%s): %d events not "
+                  "recorded; their inputs stay where they are for the next start", _reason(error), len(batch))
+        for e in batch:
+            if isinstance(e, Claimed):
+                self._claimed.pop((e.rel, e.sha256), None)
+        self.refused += len(batch)
+        return {id(e) for e in batch}
+
+    def _wait_for_database(self, error: Exception, down_since: float | None, held: int) -> float:
+        """The database refuses every write: say so (once, then every DB_REMINDER_S), wait DB_RETRY_S.
+        Meanwhile the stages wait for their commits and intake for room: the worker pauses, and its
+        heartbeat (the memory samples) stops, which `worker health` reports as stalled."""
+        now = time.monotonic()
+        if down_since is None:
+            down_since = self._reminded = now
+            self.down = True
+            log.error("recorder: the database refuses writes (%s): the pipeline waits for it, trying again every "
+                      "%g s; %d events held, nothing is lost (inputs stay where they are until their outcome is "
+                      "recorded)", _reason(error), DB_RETRY_S, held)
+        elif now - self._reminded >= DB_REMINDER_S:
+            self._reminded = now
+            log.error("recorder: the database still refuses writes after %s (%s); %d events held",
+                      span_text(now - down_since), _reason(error), held + self._queue.qsize())
+        self._abandon.wait(DB_RETRY_S)
+        return down_since
+
+    def _reconnect(self, quiet: bool = False) -> None:
         """After a failed transaction: a fresh connection, in case the old one is broken (server restart)."""
         try:
-            self._release(self._conn)
+            if self._conn is not None:
+                self._release(self._conn)
         except Exception:
             pass
+        self._conn = None
         try:
             self._conn = self._connect()
-        except Exception as e:  # the next batch fails on the closed connection and comes back here
-            log.error("recorder: cannot reconnect to the database: %s", e)
+        except Exception as e:  # the next write tries again (and fails as the database's fault)
+            if not quiet:
+                log.error("recorder: cannot reconnect to the database: %s", _reason(e))
 
     def _connect(self) -> Connection:
         conn = self.engine.connect()
@@ -301,14 +395,22 @@ class Recorder:
             page = cur.execute("PRAGMA page_size").fetchone()[0]
             cur.close()
             next_reset = 0.0
+            logged_at: float | None = None  # a failing checkpoint (a full disk): logged once, then hourly
             while not self._stop_checkpoints.wait(CHECKPOINT_S):
                 try:
                     _, frames, _ = checkpoint(conn)
                     if frames * page > WAL_RESET_BYTES and time.monotonic() >= next_reset:
                         busy, _, _ = checkpoint(conn, "TRUNCATE", WAL_RESET_WAIT_MS)
                         next_reset = time.monotonic() + WAL_RESET_BACKOFF_S if busy else 0.0
-                except Exception:  # a busy or failing checkpoint is retried next time; the WAL only grows meanwhile
-                    log.exception("recorder: WAL checkpoint failed")
+                except Exception as e:  # a busy or failing checkpoint is retried next time; the WAL only grows meanwhile
+                    now = time.monotonic()
+                    if logged_at is None or now - logged_at >= 6 * DB_REMINDER_S:
+                        log.error("recorder: WAL checkpoint failed (%s); retried every %g s", _reason(e), CHECKPOINT_S)
+                        logged_at = now
+                else:
+                    if logged_at is not None:
+                        log.warning("recorder: WAL checkpoints work again")
+                        logged_at = None
         finally:
             conn.close()
 
@@ -366,6 +468,8 @@ class Recorder:
                     claims.append(self._claim_params(e.rel, e.sha256, e.size, 0, now, True))
                     known = None
                 finishes.append((e, known))
+        if self._conn is None:
+            self._conn = self._connect()
         conn = self._conn
         with conn.begin():
             ids = self._claim_all(conn, claims, now)
@@ -423,6 +527,11 @@ class Recorder:
         rows = conn.execute(self._ids, {"model": self.model, "rels": sorted({rel for rel, _ in wanted})})
         return {(r.rel_path, r.sha256): (r.id, r.created_at == now, r.run_id)
                 for r in rows if (r.rel_path, r.sha256) in wanted}
+
+
+def _reason(error: BaseException) -> str:
+    """The driver's message, without SQLAlchemy's statement and background link."""
+    return str(getattr(error, "orig", None) or error).strip().splitlines()[0]
 
 
 def _describe(event: Event) -> str:
