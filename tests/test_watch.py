@@ -172,6 +172,38 @@ def test_a_read_only_inbox_gives_results_and_reads_each_file_once(cfg, samples: 
         subprocess.run(["umount", "-l", str(cfg.inbox)], check=True)
 
 
+def test_an_archive_on_a_full_disk_is_said_once_and_tried_at_each_rescan(cfg, samples: Path, caplog) -> None:
+    """The archive on another filesystem that is full (a small tmpfs): inputs get their results and
+    stay in the inbox, the log says so once per file (before: at every rescan, each input read and
+    hashed again), and once there is room the next rescan moves them."""
+    import subprocess
+
+    from tests.test_hostile import _fill
+
+    cfg.archive.mkdir(parents=True)
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(cfg.archive)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        ballast = _fill(cfg.archive, 0)
+        cfg.inbox.mkdir(parents=True)
+        for name in ("coffee.png", "chelsea.png"):
+            shutil.copy(samples / name, cfg.inbox / name)
+        cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, rescan_interval_s=0.2))
+        with Watching(cfg) as w:
+            assert w.ready.wait(120) and w.error is None
+            assert wait_for(lambda: len(w.finished) >= 8, timeout=60)  # the two, then three rescans' worth
+            assert caplog.text.count("cannot archive") == 2 and "No space left on device" in caplog.text
+            assert sorted(p.name for p in cfg.inbox.iterdir()) == ["chelsea.png", "coffee.png"]
+            ballast.unlink()
+            assert wait_for(lambda: not list(cfg.inbox.iterdir()), timeout=30)
+        assert sorted(p.name for p in (cfg.archive / "done").iterdir()) == ["chelsea.png", "coffee.png"]
+        assert w.summary.figures["done"] == 2 and caplog.text.count("cannot archive") == 2
+        assert {(r.status, r.attempts) for r in image_rows(cfg).values()} == {("done", 1)}
+    finally:
+        subprocess.run(["umount", "-l", str(cfg.archive)], check=True)
+
+
 def test_the_observer_stop_race_is_not_logged_as_an_error(tmp_path: Path, caplog) -> None:
     observer = start_observer(Intake(tmp_path, (".jpg",), 1.0, 0.0, lambda job: None), "native", 1.0)
     observer.stop()

@@ -581,7 +581,9 @@ class Pipeline:
                 self._note_archived(job.rel, identity)
             move_verified(job.path, root / folder / job.rel)
         except (OSError, WorkerError) as e:
-            if not (isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM)):
+            # a read-only or foreign inbox, or an archive on another disk that is full: remembered and said
+            # once (each rescan tries the move again without reading the input); anything else, each time
+            if not (isinstance(e, OSError) and e.errno in _STUCK_ERRNOS):
                 log.error("cannot archive %s: %s", job.rel, e)
                 return
             sig = identity[1:] if identity is not None else (job.size, job.mtime_ns)
@@ -590,13 +592,14 @@ class Pipeline:
                 if len(self._stuck) > STUCK_REMEMBERED:  # beyond it, the oldest is read and said once more
                     self._stuck.popitem(last=False)
             if not known:  # tried again at each rescan (the inbox may become writable), said once
-                log.error("cannot archive %s: %s; it stays in the inbox, and is not read again unless it changes",
-                          job.rel, e.strerror)
+                log.error("cannot archive %s: %s; it stays in the inbox, and is not read again unless it changes "
+                          "(the move is tried again at each rescan)", job.rel, e.strerror)
         else:
             with self._archived_lock:
                 self._stuck.pop(job.rel, None)
 
 
+_STUCK_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
 ARCHIVED_REMEMBERED = 4096  # recent archive moves kept in memory (a few hundred KB)
 STUCK_REMEMBERED = 100_000  # inputs that could not be moved out of the inbox (about 10 MB at most)
 
