@@ -256,11 +256,14 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
         if r["batch_size_mean"] is None:
             click.echo("  latency: no image done")
         else:
-            click.echo("  latency ms        p50       p95       p99")
+            li = r["latency_images"]
+            over = f"  (every {li['stride']}th of {li['of']} images: {li['read']})" if li["stride"] > 1 else ""
+            click.echo(f"  latency ms        p50       p95       p99{over}")
             for stage, p in r["latency_ms"].items():
                 click.echo(f"  {stage:<15}{p['p50']:>8}  {p['p95']:>8}  {p['p99']:>8}")
         if m["samples"]:
-            slopes = (f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples after warm-up, "
+            every = f" (every {m['sample_stride']}th of {m['samples']})" if m["sample_stride"] > 1 else ""
+            slopes = (f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples{every} after warm-up, "
                       f"{_or_dash(m['late_slope_mb_per_h'])} MB/h over their second half"
                       if not math.isnan(m["slope_mb_per_h"]) else
                       f"too few samples after the {warm:g} s warm-up for a slope (--warmup)")

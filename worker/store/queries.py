@@ -90,6 +90,12 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
 STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms", "total_ms")
 
 
+# a run of months holds millions of memory samples and timing rows: beyond these, every k-th is
+# read (exact aggregates, first and last sample included), so `stats` stays quick and small
+SAMPLE_CAP = 20_000
+TIMING_CAP = 100_000
+
+
 def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: float = 60.0) -> list[dict[str, Any]]:
     """Per run: counts, throughput, per-stage latency percentiles and the RSS trend."""
     with db.connect() as c:
@@ -102,19 +108,65 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
             rid = run["id"]
             counts = dict(c.execute(select(ImageRow.status, func.count()).where(ImageRow.run_id == rid)
                                     .group_by(ImageRow.status)).all())
-            # done images only: a failed image times the stages it reached and 0 for the rest, which
-            # would pull every percentile (and the mean batch) towards 0
-            timing_rows = c.execute(select(*[getattr(TimingRow, s) for s in STAGES], TimingRow.batch_size)
-                                    .join(ImageRow, ImageRow.id == TimingRow.image_id)
-                                    .where(TimingRow.run_id == rid, ImageRow.status == JobStatus.DONE.value)).all()
-            samples = c.execute(select(MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes,
-                                       MemorySample.images_done, MemorySample.queue_depth)
-                                .where(MemorySample.run_id == rid).order_by(MemorySample.at)).all()
-            stats = _one_run(dict(run), counts, timing_rows, samples, warmup_s)
-            beats = [Beat(s.at, s.queue_depth, s.images_done) for s in samples]
-            stats["health"] = assess(dict(run), beats, utcnow()).as_dict()
+            stats = _one_run(dict(run), counts, _timings(c, rid), _samples(c, rid), warmup_s)
+            stats["health"] = assess(dict(run), _latest_beats(c, dict(run), STALL_S), utcnow()).as_dict()
             out.append(stats)
     return out
+
+
+@dataclass(frozen=True)
+class _Timings:
+    rows: list[Any]  # (stage..., batch_size) of done images: all, or every `stride`-th image's
+    total: int
+    stride: int
+    batch_mean: float | None  # over all of them
+
+
+def _timings(c: Any, rid: int) -> _Timings:
+    # done images only: a failed image times the stages it reached and 0 for the rest, which would
+    # pull every percentile (and the mean batch) towards 0
+    where = (TimingRow.run_id == rid, ImageRow.status == JobStatus.DONE.value)
+    total, batch_mean = c.execute(select(func.count(), func.avg(TimingRow.batch_size))
+                                  .join(ImageRow, ImageRow.id == TimingRow.image_id).where(*where)).one()
+    stride = max(1, -(-total // TIMING_CAP))
+    q = select(*[getattr(TimingRow, s) for s in STAGES], TimingRow.batch_size).join(
+        ImageRow, ImageRow.id == TimingRow.image_id).where(*where)
+    if stride > 1:
+        q = q.where(TimingRow.image_id % stride == 0)
+    return _Timings(c.execute(q).all(), total, stride, float(batch_mean) if batch_mean is not None else None)
+
+
+@dataclass(frozen=True)
+class _Samples:
+    rows: list[Any]  # (at, rss_bytes, gpu_bytes, images_done), by time: all, or every `stride`-th and the last
+    total: int
+    stride: int
+    peak_rss: int | None  # over all of them
+    peak_gpu: int | None
+    most_done: int | None
+
+
+def _samples(c: Any, rid: int) -> _Samples:
+    total, peak_rss, peak_gpu, most_done = c.execute(
+        select(func.count(), func.max(MemorySample.rss_bytes), func.max(MemorySample.gpu_bytes),
+               func.max(MemorySample.images_done)).where(MemorySample.run_id == rid)).one()
+    stride = max(1, -(-total // SAMPLE_CAP))
+    cols = (MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes, MemorySample.images_done)
+    q = select(*cols).where(MemorySample.run_id == rid).order_by(MemorySample.at)
+    rows = list(c.execute(q.where(MemorySample.id % stride == 0) if stride > 1 else q).all())
+    if stride > 1:  # the first and the last sample always: where the run started and where it is
+        first = c.execute(q.limit(1)).first()
+        final = c.execute(select(*cols).where(MemorySample.run_id == rid).order_by(MemorySample.at.desc()).limit(1)).first()
+        rows = [first, *[r for r in rows if r.at not in (first.at, final.at)], final]
+    return _Samples(rows, total, stride, peak_rss, peak_gpu, most_done)
+
+
+def _latest_beats(c: Any, run: dict[str, Any], stall_s: float) -> list[Beat]:
+    """Enough of the latest samples to see a stall of stall_s, and the rate over it, oldest first."""
+    keep = int(stall_s / sample_period_s(run["config"])) + 20
+    rows = c.execute(select(MemorySample.at, MemorySample.queue_depth, MemorySample.images_done)
+                     .where(MemorySample.run_id == run["id"]).order_by(MemorySample.at.desc()).limit(keep)).all()
+    return [Beat(r.at, r.queue_depth, r.images_done) for r in reversed(rows)]
 
 
 def run_health(db: Engine, run_id: int | None = None, root: str | None = None,
@@ -130,26 +182,23 @@ def run_health(db: Engine, run_id: int | None = None, root: str | None = None,
         run = c.execute(q).mappings().first()
         if run is None:
             return None
-        # enough of the latest samples to see a stall of stall_s, and the rate over it
-        keep = int(stall_s / sample_period_s(run["config"])) + 20
-        rows = c.execute(select(MemorySample.at, MemorySample.queue_depth, MemorySample.images_done)
-                         .where(MemorySample.run_id == run["id"]).order_by(MemorySample.at.desc())
-                         .limit(keep)).all()
-    return assess(dict(run), [Beat(r.at, r.queue_depth, r.images_done) for r in reversed(rows)], utcnow(), stall_s)
+        beats = _latest_beats(c, dict(run), stall_s)
+    return assess(dict(run), beats, utcnow(), stall_s)
 
 
-def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any], samples: list[Any],
+def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sampled: _Samples,
              warmup_s: float) -> dict[str, Any]:
     start, end = run["started_at"], run["finished_at"]
+    samples = sampled.rows
     processed = counts.get("done", 0) + counts.get("failed", 0)
     # an unfinished run (running, or stopped without finishing): up to its last sample
     until = end or (samples[-1].at if samples else None)
     span = (until - start).total_seconds() if until else None
-    stages = {s: percentiles([r[i] for r in timing_rows]) for i, s in enumerate(STAGES)}
-    memory: dict[str, Any] = {"samples": len(samples)}
+    stages = {s: percentiles([r[i] for r in timings.rows]) for i, s in enumerate(STAGES)}
+    memory: dict[str, Any] = {"samples": sampled.total, "sample_stride": sampled.stride}
     if samples:
         # the sampler counts what the pipeline processed: a soak replays its images, one row each
-        processed = max(processed, max(s.images_done for s in samples))
+        processed = max(processed, sampled.most_done or 0)
         t0 = samples[0].at
         secs = [(s.at - t0).total_seconds() for s in samples]
         mb = [s.rss_bytes / 2**20 for s in samples]
@@ -157,7 +206,8 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any]
         # the second half of the steady state: a leak still grows there, while the allocator's and
         # onnxruntime's settling steps (a few MB, in the first minutes) are behind it (see README: soak)
         late = [(t, m) for t, m in steady if t >= (steady[0][0] + steady[-1][0]) / 2] if steady else []
-        memory.update(rss_start_mb=round(mb[0], 1), rss_end_mb=round(mb[-1], 1), rss_peak_mb=round(max(mb), 1),
+        memory.update(rss_start_mb=round(mb[0], 1), rss_end_mb=round(mb[-1], 1),
+                      rss_peak_mb=round((sampled.peak_rss or 0) / 2**20, 1),
                       slope_mb_per_h=round(slope_per_hour([t for t, _ in steady], [m for _, m in steady]), 3),
                       steady_samples=len(steady),
                       late_slope_mb_per_h=round(slope_per_hour([t for t, _ in late], [m for _, m in late]), 3),
@@ -168,12 +218,13 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timing_rows: list[Any]
         if gpu:  # CUDA runs with NVML: reported, not judged (see README: Running on a GPU)
             gpu_steady = [(t, m) for t, m in gpu if t >= warmup_s]
             memory.update(gpu_start_mb=round(gpu[0][1], 1), gpu_end_mb=round(gpu[-1][1], 1),
-                          gpu_peak_mb=round(max(m for _, m in gpu), 1),
+                          gpu_peak_mb=round((sampled.peak_gpu or 0) / 2**20, 1),
                           gpu_slope_mb_per_h=round(slope_per_hour([t for t, _ in gpu_steady],
                                                                   [m for _, m in gpu_steady]), 3))
     return {"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
             "started_at": start.isoformat(), "finished_at": end.isoformat() if end else None,
             "counts": counts, "images_per_s": round(processed / span, 2) if span else None,
-            "batch_size_mean": round(sum(r[-1] for r in timing_rows) / len(timing_rows), 2) if timing_rows else None,
+            "batch_size_mean": round(timings.batch_mean, 2) if timings.batch_mean is not None else None,
             "latency_ms": {s: {k: round(v, 2) for k, v in p.items()} for s, p in stages.items()},
+            "latency_images": {"read": len(timings.rows), "of": timings.total, "stride": timings.stride},
             "memory": memory}
