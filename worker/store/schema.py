@@ -117,8 +117,10 @@ class TimingRow(Base):
 
 class MemorySample(Base):
     __tablename__ = "memory_samples"
+    # a run's latest samples (`worker health`), its first and last (`stats`): read by (run, time)
+    __table_args__ = (Index("ix_memory_samples_run_at", "run_id", "at"),)
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
     rss_bytes: Mapped[int] = mapped_column(BigInteger)
     fds: Mapped[int] = mapped_column(Integer)
