@@ -57,4 +57,3 @@ class StatusLog:
             p50, p99 = np.percentile(recent, (50, 99))
             latency = f"; latency p50 {p50:.0f} ms, p99 {p99:.0f} ms"
         return f"status: {', '.join(parts)} in {window} ({rate}){latency}; {waiting}; {rss}"
-
