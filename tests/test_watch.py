@@ -204,6 +204,47 @@ def test_an_archive_on_a_full_disk_is_said_once_and_tried_at_each_rescan(cfg, sa
         subprocess.run(["umount", "-l", str(cfg.archive)], check=True)
 
 
+def _inotify_watches_in_use() -> int:
+    """inotify watches held by this user's processes (what fs.inotify.max_user_watches counts)."""
+    used = 0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if proc.stat().st_uid != os.getuid():
+                continue
+            for info in (proc / "fdinfo").iterdir():
+                used += sum(line.startswith("inotify wd:") for line in info.read_text().splitlines())
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+    return used
+
+
+def test_folders_inotify_cannot_watch_are_said(cfg, caplog) -> None:
+    """Past fs.inotify.max_user_watches, watchdog silently leaves folders unwatched (their files come
+    only with the rescan, or never with rescans off): the worker counts them and says so."""
+    limit = Path("/proc/sys/fs/inotify/max_user_watches")
+    try:
+        before = limit.read_text()
+        limit.write_text(before)
+    except OSError:
+        pytest.skip("cannot set fs.inotify.max_user_watches here (needs root)")
+    for i in range(40):
+        (cfg.inbox / f"line{i:02d}").mkdir(parents=True)
+    try:
+        limit.write_text(str(_inotify_watches_in_use() + 10))
+        with Watching(cfg) as w:
+            assert w.ready.wait(120) and w.error is None
+        assert "inotify watches 10 of the 41 folders under the inbox" in caplog.text
+        assert "found only by the rescan every 2 s" in caplog.text
+    finally:
+        limit.write_text(before)
+    caplog.clear()
+    with Watching(cfg) as w:  # the limit back: every folder watched, nothing said
+        assert w.ready.wait(120) and w.error is None
+    assert "inotify watches" not in caplog.text
+
+
 def test_the_observer_stop_race_is_not_logged_as_an_error(tmp_path: Path, caplog) -> None:
     observer = start_observer(Intake(tmp_path, (".jpg",), 1.0, 0.0, lambda job: None), "native", 1.0)
     observer.stop()

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 MOVE_PAIRING_S = 0.05
 # how often the intake loop checks that the inbox is still the folder the observer watches
 INBOX_CHECK_S = 1.0
+# how often it counts the folders inotify does not watch (a walk of the inbox's folders)
+COVERAGE_CHECK_S = 60.0
 
 
 class _StopRace(logging.Filter):
@@ -212,6 +214,35 @@ def start_observer(intake: Intake, kind: str, poll_interval_s: float) -> BaseObs
     return observer
 
 
+def unwatched_folders(observer: BaseObserver, root: Path) -> tuple[int, int] | None:
+    """(folders under root that the inotify observer does not watch, folders in all), or None when
+    that cannot be told (another backend, another watchdog). watchdog adds a watch per folder and
+    silently skips a folder it cannot watch, as when `fs.inotify.max_user_watches` is reached: no event
+    comes from there, and only the rescan finds its files."""
+    watched: set[bytes] = set()
+    for emitter in list(getattr(observer, "emitters", ())):
+        group = getattr(emitter, "_inotify", None)  # watchdog 7's InotifyWatchGroup
+        paths = getattr(group, "_active_callbacks_by_path", None)
+        if not isinstance(paths, dict):
+            return None
+        watched.update(paths)
+    if not watched:
+        return None
+    total = missing = 0
+    for dirpath, dirnames, _ in os.walk(root, followlinks=False):  # as watchdog walks it
+        dirnames[:] = [d for d in dirnames if not os.path.islink(os.path.join(dirpath, d))]
+        total += 1
+        missing += os.fsencode(dirpath) not in watched
+    return missing, total
+
+
+def inotify_limit() -> str:
+    try:
+        return Path("/proc/sys/fs/inotify/max_user_watches").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
 def folder_identity(path: Path) -> tuple[int, int] | None:
     """(device, inode) of the folder at `path`; None when there is none."""
     try:
@@ -237,12 +268,18 @@ class WatchedInbox:
         self._lock = contextlib.ExitStack()  # inbox_lock on a replacement folder (the first one is the caller's)
         self._state = "watching"  # or "gone", "taken" (another worker watches the replacement)
         self._next_check = time.monotonic() + INBOX_CHECK_S
+        self._unwatched = 0  # folders inotify did not watch, as last said in the log
+        self._check_coverage()
+        self._next_coverage = time.monotonic() + COVERAGE_CHECK_S
 
     def check(self) -> None:
         now = time.monotonic()
         if now < self._next_check:
             return
         self._next_check = now + INBOX_CHECK_S
+        if now >= self._next_coverage:
+            self._next_coverage = now + COVERAGE_CHECK_S
+            self._check_coverage()
         root, identity = self.intake.root, folder_identity(self.intake.root)
         if identity is not None and identity == self._identity and self._state == "watching":
             return
@@ -268,6 +305,23 @@ class WatchedInbox:
         log.warning("%s: the inbox was replaced (deleted and made again, or mounted again): watching the new "
                     "folder", root)
         self.intake.rescan()
+
+    def _check_coverage(self) -> None:
+        """Say when inotify watches fewer folders than the inbox has (once, and again when it changes)."""
+        if self._observer is None or self._kind != "native":
+            return
+        counted = unwatched_folders(self._observer, self.intake.root)
+        if counted is None or counted[0] == self._unwatched:
+            return
+        missing, total = counted
+        self._unwatched = missing
+        if missing:
+            rescan = self.intake.rescan_s
+            when = f"only by the rescan every {rescan:g} s" if rescan else "not at all (watch.rescan_interval_s is 0)"
+            log.error("%s: inotify watches %d of the %d folders under the inbox (its limit, "
+                      "fs.inotify.max_user_watches, is %s): files in the others are found %s. Raise the limit "
+                      "(sysctl fs.inotify.max_user_watches=...) and restart, or set watch.observer: polling",
+                      self.intake.root, total - missing, total, inotify_limit(), when)
 
     def stop(self) -> None:
         self._stop_observer()
