@@ -245,6 +245,32 @@ def test_folders_inotify_cannot_watch_are_said(cfg, caplog) -> None:
     assert "inotify watches" not in caplog.text
 
 
+def test_a_backlog_keeps_the_status_line_and_the_first_ctrl_c_ends_intake(cfg, samples: Path, caplog) -> None:
+    """Hundreds of files waiting at start: the intake loop submits them one by one as the pipeline
+    makes room. Before, that one pass lasted the whole backlog: no status line meanwhile, and the
+    first Ctrl-C ("finish the jobs in flight") processed every file waiting (1,200 JPEGs, 10 s here).
+    Now intake stops at once; the rest stay in the inbox for the next start."""
+    caplog.set_level(logging.INFO, logger="worker.status")
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0",
+                              watch=dataclasses.replace(cfg.watch, status_log_s=0.2),
+                              pipeline=dataclasses.replace(cfg.pipeline, queue_size=4))
+    cfg.inbox.mkdir(parents=True)
+    data = (samples / "coffee.png").read_bytes()
+    for i in range(300):  # distinct content
+        (cfg.inbox / f"b{i:03d}.png").write_bytes(data + i.to_bytes(2, "big"))
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        assert wait_for(lambda: "status: " in caplog.text and " done," in caplog.text, 60)  # during the backlog
+        w.stop.set()
+        w.thread.join(60)
+        assert not w.thread.is_alive()
+    left = len(list(cfg.inbox.iterdir()))
+    assert left > 100, "the first Ctrl-C stopped intake, not processed the whole backlog"
+    assert w.summary.figures["done"] + left == 300 and w.summary.figures["failed"] == 0
+    assert watch(cfg, threading.Event(), burst=True).figures["done"] == left  # the next start does the rest
+    assert not list(cfg.inbox.iterdir())
+
+
 def test_the_observer_stop_race_is_not_logged_as_an_error(tmp_path: Path, caplog) -> None:
     observer = start_observer(Intake(tmp_path, (".jpg",), 1.0, 0.0, lambda job: None), "native", 1.0)
     observer.stop()

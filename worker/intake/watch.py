@@ -121,7 +121,7 @@ class Intake:
         while True:
             if check is not None:
                 check()
-            submitted += self._tick()
+            submitted += self._tick(stop, check)
             with self._lock:
                 idle = not self._pending
             if burst and idle:
@@ -134,12 +134,20 @@ class Intake:
             self._wake.wait(min(0.1, self.settle_s / 4 if self.settle_s else 0.1))
             self._wake.clear()
 
-    def _tick(self) -> int:
+    def _tick(self, stop: threading.Event | None = None, check: Callable[[], object] | None = None) -> int:
+        """Submit what is complete. A backlog (thousands of files at start) takes as long as the pipeline
+        takes to make room for each: `stop` and `check` are looked at before every file, so the first
+        Ctrl-C ends intake at once (the rest stay in the inbox) and the status line and the inbox guard
+        keep their pace."""
         now = time.monotonic()
         with self._lock:
             items = list(self._pending.items())
         submitted = 0
         for path, p in items:
+            if stop is not None and stop.is_set():
+                break
+            if check is not None:
+                check()
             try:
                 st = path.lstat()
             except OSError:
