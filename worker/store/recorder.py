@@ -289,9 +289,10 @@ class Recorder:
                 self._reconnect(quiet=down_since is not None)
                 if (down_since is not None or self.down) and self._abandon.is_set():
                     return refused | self._refuse(pending, e)
-                if down_since is None or not database_wide(e):  # one bad event must not stop the recorder
-                    if not database_wide(e):
-                        log.exception("recorder: batch of %d failed, retrying one by one", len(pending))
+                # the database as a whole (disk full, server down, locked past the busy timeout): the batch
+                # waits for it; one transaction per event would only fail (or wait) as many times over
+                if not database_wide(e):  # one bad event must not stop the recorder: one by one
+                    log.exception("recorder: batch of %d failed, retrying one by one", len(pending))
                     bad, pending, wide = self._one_by_one(pending)
                     refused |= bad
                     if not pending:
