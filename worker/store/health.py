@@ -82,7 +82,7 @@ def assess(run: dict[str, Any], beats: Sequence[Beat], now: datetime, stall_s: f
     """The state of one run (`run`: its row in `runs`; `beats`: its latest samples, oldest first)."""
     rid, mode = run["id"], run["mode"]
     last = beats[-1] if beats else None
-    age = round((now - last.at).total_seconds(), 1) if last else None
+    age = round(max((now - last.at).total_seconds(), 0.0), 1) if last else None  # a clock set back: not negative
     in_flight = last.in_flight if last else None
 
     def health(state: RunState, detail: str, stuck: float | None = None) -> Health:
