@@ -7,6 +7,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import shutil
 import threading
 import time
@@ -235,7 +236,8 @@ def test_folders_inotify_cannot_watch_are_said(cfg, caplog) -> None:
         limit.write_text(str(_inotify_watches_in_use() + 10))
         with Watching(cfg) as w:
             assert w.ready.wait(120) and w.error is None
-        assert "inotify watches 10 of the 41 folders under the inbox" in caplog.text
+        said = re.search(r"inotify watches (\d+) of the 41 folders under the inbox", caplog.text)
+        assert said and int(said[1]) <= 10, caplog.text  # fewer if another process took watches meanwhile
         assert "found only by the rescan every 2 s" in caplog.text
     finally:
         limit.write_text(before)
