@@ -110,9 +110,9 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
     folder = folder.absolute()
     if not folder.is_dir():
         raise ConfigError(f"{folder}: not a folder")
-    paths = list(walk(folder, cfg.extensions, skip=(cfg.outbox,)))
-    if total is not None:
-        total(len(paths))
+    if total is not None:  # a first walk that only counts: a list of 200,000 paths held 41.5 MB (README)
+        total(sum(1 for _ in walk(folder, cfg.extensions, skip=(cfg.outbox,))))
+    paths = walk(folder, cfg.extensions, skip=(cfg.outbox,))
     finished = (lambda job, status: progress(1)) if progress is not None else None
     with open_pipeline(cfg, "run", folder, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
