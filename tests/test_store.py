@@ -502,7 +502,8 @@ def test_a_claim_yields_to_another_live_workers_unless_stale_or_a_recovery(tmp_p
     """Two workers on one database (two `run`s of one folder): the second claim of an image that the
     first holds is not taken; a claim left for longer than STALE_CLAIM_S (a worker on another host that
     died) is, and so is a recovery's."""
-    from worker.store.recorder import STALE_CLAIM_S, Claimed, Commit, Recorder, RunInfo
+    from worker.jobs import JobStatus
+    from worker.store.recorder import STALE_CLAIM_S, Claimed, Commit, Finished, RunInfo, Recorder
 
     db = open_db(f"sqlite:///{tmp_path / 'c.db'}")
     first, second = (Recorder(db, RunInfo("run", "/in", "m", "", "cpu", {})) for _ in range(2))
@@ -526,6 +527,24 @@ def test_a_claim_yields_to_another_live_workers_unless_stale_or_a_recovery(tmp_p
             rows = {r.rel_path: (r.run_id, r.attempts) for r in c.execute(select(ImageRow))}
         assert rows == {"held.png": (first.run_id, 1), "stale.png": (second.run_id, 2),
                         "recovered.png": (second.run_id, 2), "new.png": (second.run_id, 1)}
+
+        # done by the first between the second's ledger check and its claim: left done, and to the first
+        # (before: taken over and processed again); a redo (a replay, a retrained model) takes it over
+        def finish(rec: Recorder, rel: str) -> None:
+            committed = Commit()
+            rec.put(Finished(rel, "s" * 64, 10, JobStatus.DONE, committed=committed))
+            assert committed.wait(10)
+
+        for rel in ("done.png", "redone.png"):
+            assert claim(first, rel).taken_by is None
+            finish(first, rel)
+        assert claim(second, "done.png").taken_by == first.run_id
+        committed = Commit()
+        second.put(Claimed("redone.png", "s" * 64, 10, committed, redo=True))
+        assert committed.wait(10) and committed.taken_by is None
+        with db.connect() as c:
+            rows = {r.rel_path: (r.run_id, r.status) for r in c.execute(select(ImageRow))}
+        assert rows["done.png"] == (first.run_id, "done") and rows["redone.png"] == (second.run_id, "processing")
     finally:
         first.close()
         second.close()
@@ -534,9 +553,9 @@ def test_a_claim_yields_to_another_live_workers_unless_stale_or_a_recovery(tmp_p
 
 def test_two_runs_of_one_folder_share_the_work(effnet_onnx: Path, tmp_path: Path, samples: Path) -> None:
     """Two `worker run` processes over one folder and database: each image is processed by one of
-    them (but for a rare one finished in the window between the other's check and claim), with no
-    database error (before: both processed nearly every image, and their result rows collided,
-    failing the tracebacks check and the bound on `done` below)."""
+    them, once (an image finished in the window between the other's ledger check and its claim is
+    left done), with no database error (before: both processed nearly every image, and their result
+    rows collided, failing the tracebacks check and the count of `done` below)."""
     import subprocess
     import sys
 
@@ -564,7 +583,7 @@ def test_two_runs_of_one_folder_share_the_work(effnet_onnx: Path, tmp_path: Path
     assert len(rows) == 300 and {r.status for r in rows} == {"done"} and results == 300
     assert len(twice) <= 3, (twice, outs)
     done = [int(re.search(r"done (\d+),", out)[1]) for out, _ in outs]
-    assert 300 <= sum(done) <= 310, (done, outs)
+    assert sum(done) == 300, (done, outs)  # before the claim yielded to a row done meanwhile: up to 302 here
 
 
 @pytest.mark.timeout(300)

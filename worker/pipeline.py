@@ -312,16 +312,18 @@ class Pipeline:
             raise InputGone(job.rel, f"cannot read file: {e.strerror or e}") from None
         item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
         known = None if self.settings.replay else self._ledger.check(job.rel, item.sha256)
+        redo = self.settings.replay
         if known is not None and known.status == JobStatus.DONE.value:
             if known.model_sha256 == self.recorder.model_sha256:
                 item.skipped, item.data = True, None
                 return False
-            known = None  # done with another version of the model's file (retrained): processed again
+            known, redo = None, True  # done with another version of the model's file (retrained): processed again
         if known is not None and known.attempts >= self.settings.max_attempts:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
         item.committed = Commit()
-        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed, take_over=job.take_over))
+        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed, take_over=job.take_over,
+                                  redo=redo))
         return True
 
     def _decode(self, item: _Item) -> bool:

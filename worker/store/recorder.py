@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, Union
 
-from sqlalchemy import Connection, Engine, Integer, bindparam, case, delete, insert, or_, select, update
+from sqlalchemy import Connection, Engine, Integer, and_, bindparam, case, delete, insert, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -142,6 +142,10 @@ class Claimed:
     # False: the claim yields to another live worker's (its `committed.taken_by` says whose); True: a
     # recovery, taking over the row a dead worker left `processing`
     take_over: bool = False
+    # True: the image is knowingly done again (a soak's replay, a new version of the model's file);
+    # False: the ledger saw it not done, so a row found `done` by now was finished by another worker
+    # between that check and this claim, and the claim yields to it
+    redo: bool = False
 
 
 @dataclass(frozen=True, eq=False)
@@ -432,9 +436,13 @@ class Recorder:
                                     else_=IMAGES.c.attempts + ins.excluded.attempts)),
             # two workers on one folder (two `run`s sharing a database): an image in another live worker's
             # hands is left to it; the ids query below tells the claimer whose it is
-            where=or_(IMAGES.c.status != JobStatus.PROCESSING.value, IMAGES.c.run_id == ins.excluded.run_id,
-                      bindparam("force", type_=Integer) == 1,
-                      IMAGES.c.updated_at < bindparam("stale_before", type_=IMAGES.c.updated_at.type)),
+            where=and_(
+                or_(IMAGES.c.status != JobStatus.PROCESSING.value, IMAGES.c.run_id == ins.excluded.run_id,
+                    bindparam("force", type_=Integer) == 1,
+                    IMAGES.c.updated_at < bindparam("stale_before", type_=IMAGES.c.updated_at.type)),
+                # done meanwhile by another worker (after this one's ledger check): left done, and to it
+                or_(IMAGES.c.status != JobStatus.DONE.value, IMAGES.c.run_id == ins.excluded.run_id,
+                    bindparam("redo", type_=Integer) == 1)),
         )
         self._ids = select(IMAGES.c.id, IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.created_at, IMAGES.c.run_id).where(
             IMAGES.c.model == bindparam("model"), IMAGES.c.rel_path.in_(bindparam("rels", expanding=True)))
@@ -462,11 +470,11 @@ class Recorder:
             elif isinstance(e, Claimed):
                 self._claimed[(e.rel, e.sha256)] = None  # its id is filled in below
                 claimed_now.append(e)
-                claims.append(self._claim_params(e.rel, e.sha256, e.size, 1, now, e.take_over))
+                claims.append(self._claim_params(e.rel, e.sha256, e.size, 1, now, e.take_over, e.redo))
             else:
                 known = self._claimed.pop((e.rel, e.sha256), _UNCLAIMED)
                 if known is _UNCLAIMED:  # failed before its claim (unreadable file, quarantined): a row all the same
-                    claims.append(self._claim_params(e.rel, e.sha256, e.size, 0, now, True))
+                    claims.append(self._claim_params(e.rel, e.sha256, e.size, 0, now, True, True))
                     known = None
                 finishes.append((e, known))
         if self._conn is None:
@@ -511,9 +519,10 @@ class Recorder:
             if samples:
                 conn.execute(insert(SAMPLES), samples)
 
-    def _claim_params(self, rel: str, sha256: str, size: int, inc: int, now: datetime, force: bool) -> dict[str, Any]:
+    def _claim_params(self, rel: str, sha256: str, size: int, inc: int, now: datetime, force: bool,
+                      redo: bool) -> dict[str, Any]:
         return dict(run_id=self.run_id, rel=rel, sha=sha256, model=self.model, size=size,
-                    status=JobStatus.PROCESSING.value, inc=inc, now=now, force=int(force),
+                    status=JobStatus.PROCESSING.value, inc=inc, now=now, force=int(force), redo=int(redo),
                     stale_before=now - timedelta(seconds=STALE_CLAIM_S))
 
     def _claim_all(self, conn: Connection, claims: list[dict[str, Any]],
