@@ -47,6 +47,9 @@ def test_one_line_per_period_saying_what_happened_since_the_last(caplog) -> None
     status.tick()
     assert "status: 1 done, 0 failed in the last 10 min" in caplog.records[-1].message
     assert "latency p50 7 ms, p99 7 ms" in caplog.records[-1].message
+    clock.now += 300  # images in flight and none finished: not idle
+    status.tick()
+    assert caplog.records[-1].message.startswith("status: nothing finished in the last 5 min; 4 in flight; RSS")
     off = StatusLog(0, counts, lambda: 0, clock)  # 0 disables
     clock.now += 10_000
     n = len(caplog.records)

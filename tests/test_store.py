@@ -608,7 +608,9 @@ def test_a_full_database_disk_pauses_the_worker_and_loses_nothing(cfg, tmp_path:
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
-        cfg = dataclasses.replace(cfg, model="efficientnet-lite0", db=f"sqlite:///{disk / 'w.db'}")
+        cfg = dataclasses.replace(cfg, model="efficientnet-lite0", db=f"sqlite:///{disk / 'w.db'}",
+                                  watch=dataclasses.replace(cfg.watch, status_log_s=0.3),
+                                  pipeline=dataclasses.replace(cfg.pipeline, queue_size=2))  # intake waits
         cfg.inbox.mkdir(parents=True)
         data = (samples / "coffee.png").read_bytes()
 
@@ -621,6 +623,8 @@ def test_a_full_database_disk_pauses_the_worker_and_loses_nothing(cfg, tmp_path:
             ballast = _fill(disk, 0)
             drop("a", 20)
             assert wait_for(lambda: "the database refuses writes (database or disk is full)" in caplog.text, 60)
+            # the status line goes on meanwhile (intake waits for room, and looks up while it waits)
+            assert wait_for(lambda: "status: nothing finished in the last" in caplog.text, 30)
             ballast.unlink()
             assert wait_for(lambda: len(list((cfg.archive / "done").glob("a*.png"))) == 20, 120)
         assert "takes writes again after" in caplog.text

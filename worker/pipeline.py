@@ -172,18 +172,22 @@ class Pipeline:
         return t
 
     # -- the public surface ------------------------------------------------------------------
-    def submit(self, job: Job, stop: threading.Event | None = None) -> bool:
+    def submit(self, job: Job, stop: threading.Event | None = None,
+               waiting: Callable[[], object] | None = None) -> bool:
         """Queue a job; blocks while the pipeline is full (intake waits, nothing is dropped).
 
         Once `stop` is set while nothing moves (the outbox full, the database refusing writes), it
-        gives up instead: the job is not taken (False), and stays where it is for the next start."""
+        gives up instead: the job is not taken (False), and stays where it is for the next start.
+        `waiting` is called every 0.2 s while it blocks (the watcher's status line and inbox guard)."""
         with self._idle:
             self._pending += 1
         while True:
             try:
-                self._jobs.put(job, timeout=None if stop is None else 0.2)
+                self._jobs.put(job, timeout=None if stop is None and waiting is None else 0.2)
                 return True
             except queue.Full:
+                if waiting is not None:
+                    waiting()
                 if stop is not None and stop.is_set() and (not self._outbox_room.is_set() or self.recorder.down):
                     self._done(job, JobStatus.QUEUED)
                     return False

@@ -161,19 +161,20 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
     with open_pipeline(cfg, "watch", inbox, archive=cfg.archive, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
-        intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s,
-                        lambda job: pipeline.submit(job, stop))
-        watched = None if burst else WatchedInbox(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
-        log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
-        if ready is not None:
-            ready.set()
         status = StatusLog(cfg.watch.status_log_s, pipeline.counts, pipeline.depth)
+        watched: WatchedInbox | None = None
 
-        def check() -> None:  # every pass of the intake loop
+        def check() -> None:  # every pass of the intake loop, and while it waits for room in the pipeline
             if watched is not None:
                 watched.check()
             status.tick()
 
+        intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s,
+                        lambda job: pipeline.submit(job, stop, waiting=check))
+        watched = None if burst else WatchedInbox(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
+        log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
+        if ready is not None:
+            ready.set()
         try:
             intake.run(stop, burst=burst, check=check)
         finally:

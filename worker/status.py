@@ -48,6 +48,8 @@ class StatusLog:
         rss = f"RSS {psutil.Process().memory_info().rss / 2**20:.0f} MB"
         waiting = f"{self._in_flight()} in flight"
         if not (done or failed or skipped):
+            if self._in_flight():  # a stall: the lines before this one in the log say why
+                return f"status: nothing finished in {window}; {waiting}; {rss}"
             return f"status: idle for {window}; {waiting}; {rss}"
         parts = [f"{done} done", f"{failed} failed"] + ([f"{skipped} skipped (already done)"] if skipped else [])
         rate = f"{(done + failed) / max(seconds, 1e-9):.1f} images/s"
