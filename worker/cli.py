@@ -257,12 +257,12 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
             click.echo("  latency: no image done")
         else:
             li = r["latency_images"]
-            over = f"  (every {li['stride']}th of {li['of']} images: {li['read']})" if li["stride"] > 1 else ""
+            over = f"  (1 in {li['stride']} of {li['of']} images: {li['read']})" if li["stride"] > 1 else ""
             click.echo(f"  latency ms        p50       p95       p99{over}")
             for stage, p in r["latency_ms"].items():
                 click.echo(f"  {stage:<15}{p['p50']:>8}  {p['p95']:>8}  {p['p99']:>8}")
         if m["samples"]:
-            every = f" (every {m['sample_stride']}th of {m['samples']})" if m["sample_stride"] > 1 else ""
+            every = f" (1 in {m['sample_stride']} of {m['samples']})" if m["sample_stride"] > 1 else ""
             slopes = (f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples{every} after warm-up, "
                       f"{_or_dash(m['late_slope_mb_per_h'])} MB/h over their second half"
                       if not math.isnan(m["slope_mb_per_h"]) else

@@ -77,8 +77,11 @@ class Ledger:
         with self._lock:
             if conn in self._conns:
                 self._conns.remove(conn)
-        try:
-            conn.invalidate() if hasattr(conn, "invalidate") else conn.close()
+        try:  # invalidated, not returned to the pool as if it were sound
+            if hasattr(conn, "invalidate"):
+                conn.invalidate()
+            else:
+                conn.close()
         except Exception:
             pass
 

@@ -325,8 +325,8 @@ class Recorder:
                 self._write([e])
             except Exception as err:
                 self._taken.pop(id(e), None)
-                self._reconnect(quiet=True)
-                if database_wide(err):
+                if database_wide(err):  # the connection may be what broke (a server restart): a fresh one
+                    self._reconnect(quiet=True)
                     held.append(e)
                     wide = err
                     continue
@@ -334,7 +334,9 @@ class Recorder:
                 bad.add(id(e))
                 if isinstance(e, Claimed):  # not on record: its outcome must claim the row itself
                     self._claimed.pop((e.rel, e.sha256), None)
-        self.refused += len(bad)
+        if bad:
+            self.refused += len(bad)
+            self._reconnect()
         return bad, held, wide
 
     def _refuse(self, batch: list[Event], error: Exception) -> set[int]:
