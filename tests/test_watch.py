@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import image_rows, wait_for
 from worker.intake.scan import is_candidate
+from worker.intake import watch as watch_module
 from worker.intake.watch import MOVE_PAIRING_S, Intake, start_observer
 from worker.jobs import Job, JobStatus
 from worker.service import watch
@@ -245,6 +246,41 @@ def test_folders_inotify_cannot_watch_are_said(cfg, caplog) -> None:
     with Watching(cfg) as w:  # the limit back: every folder watched, nothing said
         assert w.ready.wait(120) and w.error is None
     assert "inotify watches" not in caplog.text
+
+
+def test_a_raised_inotify_limit_is_picked_up_without_a_restart(cfg, samples: Path, caplog, monkeypatch) -> None:
+    """watchdog never retries a folder it could not watch; once the limit is raised, the watcher starts
+    its observer again (and rescans once), so every folder's files come by their events again. With
+    rescans off, files in the folders left unwatched were never taken before."""
+    limit = Path("/proc/sys/fs/inotify/max_user_watches")
+    try:
+        before = limit.read_text()
+        limit.write_text(before)
+    except OSError:
+        pytest.skip("cannot set fs.inotify.max_user_watches here (needs root)")
+    monkeypatch.setattr(watch_module, "COVERAGE_CHECK_S", 0.3)
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0", watch=dataclasses.replace(cfg.watch, rescan_interval_s=0))
+    folders = [cfg.inbox / f"line{i:02d}" for i in range(40)]
+    for folder in folders:
+        folder.mkdir(parents=True)
+    data = (samples / "coffee.png").read_bytes()
+    try:
+        limit.write_text(str(_inotify_watches_in_use() + 10))
+        with Watching(cfg) as w:
+            assert w.ready.wait(120) and w.error is None
+            assert wait_for(lambda: "inotify watches" in caplog.text)
+            for folder in folders:  # most land in folders without a watch
+                (folder / "before.png").write_bytes(data)
+            limit.write_text(before)
+            assert wait_for(lambda: "inotify watches all 41 folders under the inbox again" in caplog.text), caplog.text
+            assert "max_user_watches is now" in caplog.text
+            for folder in folders:  # only events can bring these
+                (folder / "after.png").write_bytes(data)
+            assert wait_for(lambda: len(w.finished) >= 80, timeout=60), len(w.finished)
+    finally:
+        limit.write_text(before)
+    rows = image_rows(cfg)
+    assert len(rows) == 80 and {(r.status, r.attempts) for r in rows.values()} == {("done", 1)}
 
 
 def test_a_backlog_keeps_the_status_line_and_the_first_ctrl_c_ends_intake(cfg, samples: Path, caplog) -> None:

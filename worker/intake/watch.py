@@ -277,6 +277,7 @@ class WatchedInbox:
         self._state = "watching"  # or "gone", "taken" (another worker watches the replacement)
         self._next_check = time.monotonic() + INBOX_CHECK_S
         self._unwatched = 0  # folders inotify did not watch, as last said in the log
+        self._limit = inotify_limit()  # fs.inotify.max_user_watches when the observer started
         self._check_coverage()
         self._next_coverage = time.monotonic() + COVERAGE_CHECK_S
 
@@ -315,21 +316,33 @@ class WatchedInbox:
         self.intake.rescan()
 
     def _check_coverage(self) -> None:
-        """Say when inotify watches fewer folders than the inbox has (once, and again when it changes)."""
+        """Say when inotify watches fewer folders than the inbox has (once, and again when it changes);
+        once the limit is raised, watch again (watchdog never retries a folder it could not watch)."""
         if self._observer is None or self._kind != "native":
             return
         counted = unwatched_folders(self._observer, self.intake.root)
+        if counted is not None and counted[0] and inotify_limit() != self._limit:
+            self._limit = inotify_limit()
+            self._stop_observer()
+            self._observer = start_observer(self.intake, self._kind, self._poll_interval_s)
+            self.intake.rescan()  # what landed while no observer ran
+            counted = unwatched_folders(self._observer, self.intake.root)
+            log.warning("%s: fs.inotify.max_user_watches is now %s: watching the inbox again", self.intake.root,
+                        self._limit)
         if counted is None or counted[0] == self._unwatched:
             return
         missing, total = counted
         self._unwatched = missing
-        if missing:
-            rescan = self.intake.rescan_s
-            when = f"only by the rescan every {rescan:g} s" if rescan else "not at all (watch.rescan_interval_s is 0)"
-            log.error("%s: inotify watches %d of the %d folders under the inbox (its limit, "
-                      "fs.inotify.max_user_watches, is %s): files in the others are found %s. Raise the limit "
-                      "(sysctl fs.inotify.max_user_watches=...) and restart, or set watch.observer: polling",
-                      self.intake.root, total - missing, total, inotify_limit(), when)
+        if not missing:
+            log.warning("%s: inotify watches all %d folders under the inbox again", self.intake.root, total)
+            return
+        rescan = self.intake.rescan_s
+        when = f"only by the rescan every {rescan:g} s" if rescan else "not at all (watch.rescan_interval_s is 0)"
+        log.error("%s: inotify watches %d of the %d folders under the inbox (its limit, "
+                  "fs.inotify.max_user_watches, is %s): files in the others are found %s. Raise the limit "
+                  "(sysctl fs.inotify.max_user_watches=...; the watcher notices within %g s), or set "
+                  "watch.observer: polling", self.intake.root, total - missing, total, self._limit, when,
+                  COVERAGE_CHECK_S)
 
     def stop(self) -> None:
         self._stop_observer()
