@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from worker.maskpng import encode_mask_png
+from worker.maskpng import encode_class_png, encode_mask_png
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 13), (480, 640), (1441, 1921)])
@@ -36,3 +36,18 @@ def test_same_pixels_as_opencvs_8_bit_png_and_smaller() -> None:
 def test_refuses_what_is_not_a_mask(bad: np.ndarray) -> None:
     with pytest.raises(ValueError, match="mask must"):
         encode_mask_png(bad)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (7, 13), (1441, 1921)])
+def test_readers_get_the_class_indices_back(shape: tuple[int, int]) -> None:
+    classes = np.random.default_rng(sum(shape)).integers(0, 256, shape, dtype=np.uint8)
+    data = encode_class_png(classes)
+    assert np.array_equal(cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED), classes)
+    image = Image.open(io.BytesIO(data))
+    assert image.mode == "L" and np.array_equal(np.asarray(image), classes)
+
+
+@pytest.mark.parametrize("bad", [np.zeros((4, 4), bool), np.zeros((4, 4, 1), np.uint8), np.zeros((0, 4), np.uint8)])
+def test_refuses_what_is_not_a_class_mask(bad: np.ndarray) -> None:
+    with pytest.raises(ValueError, match="classes must"):
+        encode_class_png(bad)

@@ -24,3 +24,27 @@ def test_mask_and_score_match_the_plain_formula(threshold: float) -> None:
     want = full > threshold
     assert result.mask.shape == (150, 190) and np.array_equal(result.mask, want)
     assert result.score == pytest.approx(float(full[want].mean()) if want.any() else 0.0, rel=1e-5, abs=1e-7)
+
+
+@pytest.mark.parametrize("activation", [None, "softmax", "sigmoid"])
+def test_class_mask_matches_the_plain_formula(activation: str | None) -> None:
+    card = find_card(ROOT / "models", "ppocr-det")
+    card = dataclasses.replace(card, labels=("bg", "a", "b", "c"),
+                               postprocess=dataclasses.replace(card.postprocess, activation=activation))
+    out = np.random.default_rng(5).normal(0, 2, (4, 20, 30)).astype(np.float32)
+    result = Segmenter(card).postprocess(out, Geometry((45, 70), 30 / 70, 20 / 45))
+    probs = out.astype(np.float64)
+    if activation == "softmax":
+        probs = np.exp(probs) / np.exp(probs).sum(axis=0)
+    elif activation == "sigmoid":
+        probs = 1 / (1 + np.exp(-probs))
+    full = np.stack([cv2.resize(p.astype(np.float32), (70, 45), interpolation=cv2.INTER_LINEAR) for p in probs])
+    want = full.argmax(axis=0)
+    assert result.classes.shape == (45, 70) and (result.classes == want).mean() > 0.999  # float ties aside
+    small = probs.argmax(axis=0)  # scores: over the pixels the model gave each class, at its resolution
+    for c in range(4):
+        sel = small == c
+        assert result.scores[c] == pytest.approx(probs.max(axis=0)[sel].mean() if sel.any() else 0.0, rel=1e-4)
+    assert result.names == ("bg", "a", "b", "c")
+    doc = result.summary()
+    assert doc["fg_pixels"] == int((result.classes > 0).sum()) and sum(x["pixels"] for x in doc["classes"]) == 45 * 70

@@ -8,7 +8,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from worker.results import Classification, Detections, Mask, Result
+from worker.results import ClassMask, Classification, Detections, Mask, Result
 
 _COLORS = np.array([(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207),
                     (10, 249, 72), (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0)], np.uint8)
@@ -21,6 +21,10 @@ def overlay(image: np.ndarray, result: Result) -> np.ndarray:
         tint = np.zeros_like(out)
         tint[result.mask] = (0, 0, 255)
         out = cv2.addWeighted(out, 1.0, tint, 0.5, 0)
+    elif isinstance(result, ClassMask):  # each class but the background tinted in its own colour
+        palette = np.zeros((256, 3), np.uint8)
+        palette[1:] = _COLORS[np.arange(255) % len(_COLORS)]
+        out = cv2.addWeighted(out, 1.0, palette[result.classes], 0.5, 0)
     elif isinstance(result, Detections):
         for (x1, y1, x2, y2), c, s, n in zip(result.xyxy, result.class_ids, result.scores, result.names):
             color = tuple(int(v) for v in _COLORS[int(c) % len(_COLORS)])

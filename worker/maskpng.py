@@ -1,4 +1,4 @@
-"""Binary masks as 1-bit grayscale PNGs, encoded with numpy's bit packing and zlib.
+"""Masks as PNGs encoded with numpy and zlib: binary masks as 1-bit grayscale, class masks as 8-bit.
 
 OpenCV's PNG writer takes about 9 ms for a 1920x1440 mask (8-bit rows through libpng's filters,
 or its own slow bit packing with IMWRITE_PNG_BILEVEL); packing 8 pixels per byte first and
@@ -32,5 +32,20 @@ def encode_mask_png(mask: np.ndarray) -> bytes:
     rows = np.zeros((h, packed.shape[1] + 1), dtype=np.uint8)  # column 0: filter type 0 (none) per row
     rows[:, 1:] = packed
     header = struct.pack(">IIBBBBB", w, h, 1, 0, 0, 0, 0)  # bit depth 1, grayscale, no interlace
+    return (_SIGNATURE + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(rows.tobytes(), _LEVEL))
+            + _chunk(b"IEND", b""))
+
+
+def encode_class_png(classes: np.ndarray) -> bytes:
+    """classes: (H, W) uint8 class indices -> the bytes of an 8-bit grayscale PNG holding them as they are
+    (any reader gets the class index back as the pixel value)."""
+    if classes.ndim != 2 or classes.dtype != np.uint8:
+        raise ValueError(f"classes must be a (H, W) uint8 array, got {classes.dtype} {classes.shape}")
+    h, w = classes.shape
+    if h == 0 or w == 0:
+        raise ValueError(f"classes must not be empty, got {classes.shape}")
+    rows = np.zeros((h, w + 1), dtype=np.uint8)  # column 0: filter type 0 (none) per row
+    rows[:, 1:] = classes
+    header = struct.pack(">IIBBBBB", w, h, 8, 0, 0, 0, 0)  # bit depth 8, grayscale, no interlace
     return (_SIGNATURE + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(rows.tobytes(), _LEVEL))
             + _chunk(b"IEND", b""))

@@ -23,8 +23,8 @@ import numpy as np
 
 from worker.draw import overlay, yolo_txt
 from worker.errors import OutboxFull, WorkerError
-from worker.maskpng import encode_mask_png
-from worker.results import Detections, Mask, Result
+from worker.maskpng import encode_class_png, encode_mask_png
+from worker.results import ClassMask, Detections, Mask, Result
 
 TMP_PREFIX = ".tmp-"
 FULL = {errno.ENOSPC, errno.EDQUOT}  # the filesystem, not the file: writes wait for room
@@ -114,9 +114,10 @@ class Outbox:
             if ok:
                 write_atomic(self._inside(rel + ".overlay.jpg"), jpg.tobytes())
         mask_rel = None
-        if isinstance(result, Mask) and self.write_masks:
+        if isinstance(result, (Mask, ClassMask)) and self.write_masks:
             mask_rel = rel + ".mask.png"
-            write_atomic(self._inside(mask_rel), encode_mask_png(result.mask))
+            png = encode_mask_png(result.mask) if isinstance(result, Mask) else encode_class_png(result.classes)
+            write_atomic(self._inside(mask_rel), png)
             document = {**document, "mask_path": mask_rel}
         json_rel = None
         if self.write_json:

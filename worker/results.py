@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Union
 
+import cv2
 import numpy as np
 
 
@@ -35,6 +36,48 @@ class Mask:
         h, w = self.mask.shape
         return {"label": self.label, "fg_fraction": round(self.fraction, 6), "fg_pixels": int(self.mask.sum()),
                 "score": round(self.score, 6), "size": [w, h]}
+
+
+@dataclass(frozen=True, eq=False)
+class ClassMask:
+    """Multi-class segmentation result: a class for every pixel.
+
+    classes: (H, W) uint8 class index at the original image size; class 0 is the background.
+    names: C class names, index = class id (C <= 256).
+    scores: (C,) float64, each class's mean probability over the pixels the model gave it (0 where none).
+    """
+
+    classes: np.ndarray
+    names: tuple[str, ...]
+    scores: np.ndarray
+
+    def __post_init__(self) -> None:
+        if self.classes.ndim != 2 or self.classes.dtype != np.uint8:
+            raise ValueError(f"ClassMask.classes must be a (H, W) uint8 array, got {self.classes.dtype} "
+                             f"{self.classes.shape}")
+        if not 2 <= len(self.names) <= 256 or self.scores.shape != (len(self.names),):
+            raise ValueError(f"ClassMask: {len(self.names)} names and scores of shape {self.scores.shape}")
+
+    def pixels(self) -> np.ndarray:
+        """(C,) int64 pixels of each class."""
+        hist = cv2.calcHist([self.classes], [0], None, [256], [0, 256])  # 6x numpy's bincount on uint8
+        return hist[: len(self.names), 0].astype(np.int64)
+
+    @property
+    def fraction(self) -> float:
+        """Share of pixels in any class but the background."""
+        return float(np.count_nonzero(self.classes)) / self.classes.size if self.classes.size else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        h, w = self.classes.shape
+        pixels = self.pixels()
+        fg = int(pixels[1:].sum())
+        # the mean probability over every foreground pixel: each class's mean weighted by its pixels
+        score = float((self.scores[1:] * pixels[1:]).sum() / fg) if fg else 0.0
+        return {"fg_fraction": round(fg / (h * w), 6), "fg_pixels": fg, "score": round(score, 6), "size": [w, h],
+                "classes": [{"class_id": c, "name": self.names[c], "fraction": round(int(n) / (h * w), 6),
+                             "pixels": int(n), "score": round(float(self.scores[c]), 6)}
+                            for c, n in enumerate(pixels) if n]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -87,7 +130,7 @@ class Detections:
             for b, c, s, n in zip(self.xyxy, self.class_ids, self.scores, self.names)]}
 
 
-Result = Union[Mask, Classification, Detections]
+Result = Union[Mask, ClassMask, Classification, Detections]
 
 
 def labels_of(result: Result) -> list[tuple[int, str, float]]:
@@ -96,10 +139,14 @@ def labels_of(result: Result) -> list[tuple[int, str, float]]:
         return [(int(c), n, float(s)) for c, s, n in zip(result.class_ids, result.scores, result.names)]
     if isinstance(result, Detections):
         return [(int(c), n, float(s)) for c, s, n in zip(result.class_ids, result.scores, result.names)]
+    if isinstance(result, ClassMask):  # each foreground class present, with its mean probability
+        return [(c, result.names[c], float(result.scores[c])) for c, n in enumerate(result.pixels()) if n and c]
     return [(0, result.label, result.score)] if result.mask.any() else []
 
 
 def top_score(result: Result) -> float:
     if isinstance(result, Mask):
         return result.score
+    if isinstance(result, ClassMask):
+        return float(result.summary()["score"])
     return float(result.scores[0]) if len(result.scores) else 0.0

@@ -212,4 +212,6 @@ def describe(outbox: Path, rel: str) -> str:
         return f"{top['name']} {top['score']:.2f}" + (" (uncertain)" if doc["uncertain"] else "")
     if doc["task"] == "detect":
         return ", ".join(f"{b['name']} {b['score']:.2f}" for b in doc["boxes"]) or "no boxes"
-    return f"text mask {doc['fg_fraction']:.2%} of pixels -> {doc.get('mask_path')}"
+    if "classes" in doc:  # multi-class: each class but the background
+        return ", ".join(f"{c['name']} {c['fraction']:.2%}" for c in doc["classes"] if c["class_id"]) or "background only"
+    return f"{doc['label']} mask {doc['fg_fraction']:.2%} of pixels -> {doc.get('mask_path')}"

@@ -69,6 +69,10 @@ class Postprocess:
     top_k: int = 5
     iou: float = 0.45
     layout: Literal["yolov5", "yolov8"] = "yolov5"
+    # what turns the output into probabilities: classify applies softmax unless told otherwise (`none`
+    # for a model that ends in Softmax); segment takes the output as probabilities unless told
+    # (`sigmoid` for a one-map model that outputs logits; `softmax` over the classes of a multi-class one)
+    activation: Literal["softmax", "sigmoid", "none"] | None = None
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,11 @@ def load_card(path: Path) -> ModelCard:
             raise ConfigError(f"{path}: 'preprocess.{key}' must have 3 values")
     if card.preprocess.resize == "letterbox" and card.task != "detect":
         raise ConfigError(f"{path}: 'preprocess.resize: letterbox' is only supported for detect models")
+    if card.task == "segment" and card.preprocess.resize != "stretch":
+        raise ConfigError(f"{path}: a segmenter's mask covers the whole image: 'preprocess.resize' must be "
+                          f"stretch, got {card.preprocess.resize}")
+    if card.task == "detect" and card.postprocess.activation is not None:
+        raise ConfigError(f"{path}: 'postprocess.activation' applies to classify and segment models only")
     return card
 
 

@@ -1,4 +1,5 @@
-"""Classification: softmax over logits, top-k, and 'uncertain' below the card's top-1 threshold."""
+"""Classification: softmax over logits (or as the card says), top-k, and 'uncertain' below the card's top-1
+threshold."""
 
 from __future__ import annotations
 
@@ -20,8 +21,15 @@ class Classifier(CardPreprocessing):
         check_labels(self.card, output.size, output)  # (C,), or (C, 1, 1) as some exports give: raveled
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Classification:
-        """output: (C,) logits for one image."""
-        probs = softmax(output)
+        """output: (C,) logits for one image (probabilities with `activation: none`, independent
+        per-class logits with `sigmoid`)."""
+        activation = self.card.postprocess.activation
+        if activation == "none":
+            probs = output.astype(np.float64).ravel()
+        elif activation == "sigmoid":
+            probs = 1.0 / (1.0 + np.exp(-output.astype(np.float64).ravel()))
+        else:
+            probs = softmax(output)
         k = min(self.card.postprocess.top_k, probs.size)
         top = np.argsort(-probs, kind="stable")[:k]
         return Classification(class_ids=top.astype(np.int64), scores=probs[top],

@@ -1,0 +1,161 @@
+"""Users' own ONNX models through the whole pipeline: a multi-class segmenter (class-index mask,
+per-class fractions), a one-map segmenter that outputs logits, and a classifier ending in Softmax.
+
+The models are tiny graphs written here with known arithmetic (a 1x1 convolution that copies the
+colour channels, a global average then Softmax), so what each image must give is known exactly;
+onnxruntime, the pipeline, the outbox and the database are the real ones."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from worker.errors import ConfigError, ModelError
+from worker.models.card import load_card
+from worker.models.onnx_graph import GraphBuilder
+from worker.service import run_folder
+from worker.store.db import open_db
+from worker.store.queries import Filters, query_images
+
+
+def _channels_model(path: Path, out_channels: int) -> None:
+    """(N, 3, h, w) -> (N, out_channels, h, w): output channel k copies input channel k (out 1: G - R)."""
+    g = GraphBuilder()
+    if out_channels == 3:
+        w = np.eye(3, dtype=np.float32).reshape(3, 3, 1, 1)
+    else:  # one map of logits: green minus red, scaled
+        w = np.array([[-8.0, 8.0, 0.0]], np.float32).reshape(1, 3, 1, 1)
+    out = g.node("Conv", ["input", g.const(w)], name="logits", kernel_shape=[1, 1])
+    g.save(path, "input", ["N", 3, 32, 48], [(out, ["N", out_channels, 32, 48])], "test")
+
+
+def _softmax_classifier(path: Path) -> str:
+    g = GraphBuilder()
+    pooled = g.node("GlobalAveragePool", ["input"])
+    flat = g.node("Flatten", [pooled], axis=1)
+    out = g.node("Softmax", [g.node("Mul", [flat, g.const(np.float32(4.0))])], name="probs", axis=1)
+    g.save(path, "input", ["N", 3, 32, 48], [(out, ["N", 3])], "test")
+    return out
+
+
+def _card(models: Path, name: str, body: str) -> None:
+    folder = models / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.yaml").write_text(
+        f"name: {name}\nonnx: {name}.onnx\ninput: {{name: input, size: [32, 48], dynamic_batch: true}}\n"
+        f"preprocess: {{color: rgb, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}}\n{body}\n")
+
+
+def _thirds(path: Path, colors_bgr: list[tuple[int, int, int]], h: int = 60, w: int = 90) -> None:
+    """An image in three vertical bands of the given colours."""
+    img = np.zeros((h, w, 3), np.uint8)
+    for i, c in enumerate(colors_bgr):
+        img[:, i * w // 3:(i + 1) * w // 3] = c
+    cv2.imwrite(str(path), img)
+
+
+@pytest.fixture
+def own(tmp_path: Path, cfg):
+    models, images = tmp_path / "models", tmp_path / "images"
+    images.mkdir()
+    return dataclasses.replace(cfg, models_dir=models), models, images
+
+
+def test_a_multi_class_segmenter_writes_a_class_index_mask_and_per_class_fractions(own) -> None:
+    cfg, models, images = own
+    _card(models, "parts", "task: segment\npostprocess: {output: logits, activation: softmax}\n"
+                           "labels: [background, leaf, sky]")
+    _channels_model(models / "parts" / "parts.onnx", 3)
+    _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])  # red, green, blue (BGR)
+    _thirds(images / "plain.png", [(0, 0, 200)] * 3)  # red only: all background
+    cfg = dataclasses.replace(cfg, model="parts", outputs=dataclasses.replace(cfg.outputs, overlays=True))
+    summary = run_folder(cfg, images)
+    assert summary.figures["done"] == 2 and summary.figures["failed"] == 0
+
+    classes = cv2.imread(str(cfg.outbox / "bands.png.mask.png"), cv2.IMREAD_UNCHANGED)
+    assert classes.shape == (60, 90) and classes.dtype == np.uint8
+    assert set(np.unique(classes)) == {0, 1, 2}
+    # away from the band edges (the maps are resized before the argmax) each band is its class
+    assert (classes[:, :28] == 0).all() and (classes[:, 32:58] == 1).all() and (classes[:, 62:] == 2).all()
+    doc = json.loads((cfg.outbox / "bands.png.json").read_text())
+    by_name = {c["name"]: c for c in doc["classes"]}
+    assert set(by_name) == {"background", "leaf", "sky"} and doc["mask_path"] == "bands.png.mask.png"
+    for name, cid in (("background", 0), ("leaf", 1), ("sky", 2)):
+        assert by_name[name]["class_id"] == cid and by_name[name]["pixels"] == int((classes == cid).sum())
+        assert by_name[name]["fraction"] == pytest.approx(1 / 3, abs=0.03)
+    pure = float(np.exp(1) / (np.exp(1) + 2))  # softmax of (1, 0, 0): a pure band's probability
+    assert by_name["leaf"]["score"] == pytest.approx(pure, abs=0.02)
+    assert doc["fg_fraction"] == pytest.approx((classes > 0).mean(), abs=1e-6)
+    assert (cfg.outbox / "bands.png.overlay.jpg").is_file()
+
+    plain = cv2.imread(str(cfg.outbox / "plain.png.mask.png"), cv2.IMREAD_UNCHANGED)
+    assert (plain == 0).all()
+    assert json.loads((cfg.outbox / "plain.png.json").read_text())["fg_fraction"] == 0.0
+
+    db = open_db(cfg.db)
+    try:
+        leaf = query_images(db, Filters(label="leaf"))
+        assert [r["rel_path"] for r in leaf] == ["bands.png"]
+        assert query_images(db, Filters(label="background")) == []  # the background is not a label
+    finally:
+        db.dispose()
+
+
+def test_a_one_map_segmenter_that_outputs_logits_takes_a_sigmoid(own) -> None:
+    cfg, models, images = own
+    _card(models, "leafy", "task: segment\npostprocess: {output: logits, activation: sigmoid, threshold: 0.5}\n"
+                           "labels: [leaf]")
+    _channels_model(models / "leafy" / "leafy.onnx", 1)
+    _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])
+    summary = run_folder(dataclasses.replace(cfg, model="leafy"), images)
+    assert summary.figures["done"] == 1
+    mask = cv2.imread(str(cfg.outbox / "bands.png.mask.png"), cv2.IMREAD_GRAYSCALE)
+    assert (mask[:, 32:58] == 255).all() and (mask[:, :28] == 0).all() and (mask[:, 62:] == 0).all()
+    doc = json.loads((cfg.outbox / "bands.png.json").read_text())
+    assert doc["label"] == "leaf" and doc["fg_fraction"] == pytest.approx(1 / 3, abs=0.03)
+    # a probability (a pure green pixel's is sigmoid(8); the band's edges, resized, a little less), not a logit
+    assert 0.95 < doc["score"] <= 1 / (1 + np.exp(-8.0))
+
+
+def test_a_classifier_ending_in_softmax_is_not_softmaxed_again(own) -> None:
+    cfg, models, images = own
+    _card(models, "tint", "task: classify\npostprocess: {output: probs, activation: none, top_k: 3}\n"
+                          "labels: [red, green, blue]")
+    _softmax_classifier(models / "tint" / "tint.onnx")
+    cv2.imwrite(str(images / "green.png"), np.full((40, 40, 3), (0, 255, 0), np.uint8))
+    run_folder(dataclasses.replace(cfg, model="tint"), images)
+    doc = json.loads((cfg.outbox / "green.png.json").read_text())
+    want = np.exp([0.0, 4.0, 0.0]) / np.exp([0.0, 4.0, 0.0]).sum()  # the graph's own Softmax
+    assert [x["name"] for x in doc["labels"]] == ["green", "red", "blue"]
+    assert doc["labels"][0]["score"] == pytest.approx(want[1], abs=1e-4)
+    assert doc["uncertain"] is False
+
+
+@pytest.mark.parametrize("body, error, message", [
+    ("task: segment\npostprocess: {output: logits}\nlabels: [a, b]", ModelError,
+     "the card lists 2 labels, but output 'logits' \\(3, 32, 48\\) has 3 classes"),
+    ("task: segment\npreprocess: {resize: shorter-crop}\npostprocess: {output: logits}", ConfigError,
+     "'preprocess.resize' must be stretch"),
+])
+def test_a_multi_class_card_that_contradicts_its_model_is_refused(own, body: str, error: type, message: str) -> None:
+    cfg, models, images = own
+    folder = models / "bad"
+    folder.mkdir(parents=True)
+    (folder / "model.yaml").write_text(f"name: bad\nonnx: bad.onnx\ninput: {{name: input, size: [32, 48]}}\n{body}\n")
+    _channels_model(folder / "bad.onnx", 3)
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(error, match=message):
+        run_folder(dataclasses.replace(cfg, model="bad"), images)
+
+
+def test_softmax_on_one_map_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "model.yaml").write_text("name: x\nonnx: x.onnx\ntask: segment\npostprocess: {activation: softmax}\n")
+    from worker.tasks import adapter_for
+
+    with pytest.raises(ModelError, match="'activation: softmax' needs a map per class"):
+        adapter_for(load_card(tmp_path / "model.yaml")).check_output(np.zeros((1, 8, 8), np.float32))
