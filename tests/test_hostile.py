@@ -98,7 +98,7 @@ def test_file_replaced_while_queued_in_watch_mode_is_no_failure(effcfg, samples:
     os.replace(inbox / ".a.png.part", inbox / "a.png")  # a producer rewriting a.png
     queued_new = Job.from_path(inbox, inbox / "a.png")
     (inbox / "gone.png").unlink()
-    with open_pipeline(effcfg, "watch", inbox, archive=effcfg.archive) as pipeline:
+    with open_pipeline(effcfg, "watch", inbox, "move") as pipeline:
         for job in (queued_old, gone):
             pipeline.submit(job)
         pipeline.drain()  # the first job read the new content and archived it

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import dataclasses
 import io
 import json
 import logging
@@ -25,9 +26,11 @@ from worker.errors import ConfigError, WorkerError
 log = logging.getLogger("worker")
 
 
-def _load(ctx: click.Context, **overrides: Any) -> Config:
-    cfg = config_mod.load(ctx.obj["config_path"])
-    return cfg.with_overrides(**overrides)
+def _load(ctx: click.Context, inputs: str | None = None, **overrides: Any) -> Config:
+    cfg = config_mod.load(ctx.obj["config_path"]).with_overrides(**overrides)
+    if inputs is not None:  # --inputs: for the command it is given to (watch or run)
+        cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, **{ctx.command.name: inputs}))
+    return cfg
 
 
 @contextlib.contextmanager
@@ -64,10 +67,14 @@ def _print_summary(summary: Any) -> None:
 path_options = [
     click.option("--inbox", type=click.Path(path_type=Path), help="Folder to watch (overrides config)."),
     click.option("--outbox", type=click.Path(path_type=Path), help="Where results go (overrides config)."),
-    click.option("--archive", type=click.Path(path_type=Path), help="Where processed inputs go (watch)."),
+    click.option("--archive", type=click.Path(path_type=Path), help="Where processed inputs go (see --inputs)."),
     click.option("--db", "db", help="Database URL, e.g. sqlite:///var/worker.db (overrides config)."),
     click.option("--model", help="Model card name under models/ (overrides config)."),
 ]
+inputs_option = click.option(
+    "--inputs", type=click.Choice(["move", "keep", "delete"]),
+    help="What becomes of each input once recorded: move (to the archive), keep, or delete (done ones; failed "
+         "ones are moved to the archive). Default: config inputs.watch (move) or inputs.run (keep).")
 
 
 def with_paths(f: Callable[..., Any]) -> Callable[..., Any]:
@@ -96,11 +103,12 @@ def cli(ctx: click.Context, config_path: Path | None, verbose: bool) -> None:
 
 @cli.command()
 @with_paths
+@inputs_option
 @click.pass_context
 def watch(ctx: click.Context, **overrides: Any) -> None:
     """Watch the inbox and process every image that arrives; Ctrl-C stops.
 
-    Inputs move to <archive>/done/ or <archive>/failed/ once recorded.
+    Inputs move to <archive>/done/ or <archive>/failed/ once recorded (--inputs: or are deleted, or kept).
 
     \b
     Example:
@@ -118,9 +126,12 @@ def watch(ctx: click.Context, **overrides: Any) -> None:
 @click.argument("folder", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @with_paths
+@inputs_option
 @click.pass_context
 def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: Any) -> None:
     """Process every image under FOLDER once; a rerun skips images already done.
+
+    FOLDER is left as it is, unless --inputs move (to <archive>/done|failed/) or delete.
 
     \b
     Example:

@@ -34,6 +34,17 @@ class WatchConfig:
     status_log_s: float = 300.0  # log a status line this often (done, failed, latency, RSS); 0 disables
 
 
+Disposition = Literal["move", "keep", "delete"]
+
+
+@dataclass(frozen=True)
+class InputsConfig:
+    """What becomes of an input once its outcome is recorded, for `watch` and for `run`."""
+
+    watch: Disposition = "move"  # move: to <archive>/done|failed/<rel>; delete: done ones deleted, failed moved
+    run: Disposition = "keep"  # keep: left where it is; move and delete as for watch
+
+
 @dataclass(frozen=True)
 class PipelineConfig:
     queue_size: int = 64  # bound of every queue between stages; full => the stage before waits
@@ -89,6 +100,7 @@ class Config:
     cache_dir: Path = PROJECT_ROOT / ".cache" / "worker"
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     watch: WatchConfig = field(default_factory=WatchConfig)
+    inputs: InputsConfig = field(default_factory=InputsConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     outputs: OutputConfig = field(default_factory=OutputConfig)

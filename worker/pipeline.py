@@ -1,12 +1,12 @@
 """The stages, wired by bounded queues:
 
     submit(job) -> [jobs] -> prepare x N -> [prepared] -> batch + infer x M -> [inferred] -> finish x 1
-                                                                          (watch mode) -> [archive] -> archive x 1
+                                                           (watch; run with inputs: move|delete) -> [archive] -> archive x 1
 
 prepare: read, hash, skip/quarantine check, claim, decode, preprocess.
 infer:   micro-batch up to max_batch or max_delay_ms, one shared session.
 finish:  postprocess, outbox write, hand the outcome to the recorder.
-archive: wait until the outcome is committed, then move the input out of the inbox (watch mode).
+archive: wait until the outcome is committed, then move, delete or keep the input, as configured.
 A full queue makes the stage before it wait, never drop. Every per-image error becomes a failed
 result that flows on to the recorder. `close()` pushes sentinels through so jobs in flight finish.
 """
@@ -25,7 +25,7 @@ import time
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import cv2
 import numpy as np
@@ -75,7 +75,11 @@ class Settings:
     max_pixels: int
     max_attempts: int
     memory_sample_s: float
-    archive: Path | None = None  # watch mode: inputs move to <archive>/done|failed/<rel>
+    # once an outcome is committed: "move" the input to <archive>/done|failed/<rel>; "delete" it (a failed
+    # one is moved to <archive>/failed/<rel>); "keep" it where it is, remembered so that a rescan does
+    # not read it again (`kept`); None: the pipeline never touches inputs nor waits for commits (`run`)
+    inputs: Literal["move", "delete", "keep"] | None = None
+    archive: Path | None = None  # needed by move and delete
     keep_image: bool = False  # carry the decoded image to the finish stage (overlays need it)
     replay: bool = False  # soak: process images again even when the ledger says done
     jpeg_reduce: bool = False  # decode big JPEGs at a reduced scale (never with keep_image)
@@ -142,6 +146,8 @@ class Pipeline:
         # no permission): done or failed on record, so each rescan leaves them unread, and unlogged,
         # until their content changes (guarded by _archived_lock too)
         self._stuck: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # rel -> (size, mtime_ns) of the inputs left in place by `inputs: keep`, their outcome committed
+        self._kept: OrderedDict[str, tuple[int, int]] = OrderedDict()
         self._pending = 0
         self._idle = threading.Condition()
         # the outbox's disk is full: intake pauses, and the images that could not be written wait
@@ -161,7 +167,7 @@ class Pipeline:
             [self._thread(f"infer-{i}", self._infer_loop) for i in range(settings.infer_workers)],
             [self._thread("finish", self._finish_loop)],
             # moving inputs waits for the database commit: on its own thread, so finish never waits
-            [self._thread("archive", self._archive_loop)] if settings.archive is not None else [],
+            [self._thread("archive", self._archive_loop)] if settings.inputs is not None else [],
         ]
         self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
                                       lambda: (self.depth(), self.counts.processed), gpu=gpu)
@@ -411,7 +417,7 @@ class Pipeline:
                 status, committed = JobStatus.FAILED, None
             if status is JobStatus.QUEUED:
                 continue  # waits for room in the outbox: still pending, its input where it is
-            if self.settings.archive is None:
+            if self.settings.inputs is None:
                 self._done(item.job, status)
             else:
                 self._to_archive.put((item.job, status, committed, item.identity))
@@ -540,9 +546,9 @@ class Pipeline:
         return out
 
     def _committed(self) -> Commit | None:
-        return Commit() if self.settings.archive is not None else None
+        return Commit() if self.settings.inputs is not None else None
 
-    # -- stage 4 (watch mode): move inputs out of the inbox ------------------------------------
+    # -- stage 4 (watch mode, or run with inputs: move|delete): move, delete or keep each input ---
     def _archive_loop(self) -> None:
         while (entry := self._to_archive.get()) is not _STOP:
             job, status, committed, identity = entry
@@ -571,8 +577,24 @@ class Pipeline:
         with self._archived_lock:
             return self._archived.get(job.rel) == (job.size, job.mtime_ns)
 
+    def kept(self, rel: str, sig: tuple[int, int]) -> bool:
+        """Whether the input at `rel` with this (size, mtime_ns) was processed and, as configured, kept where
+        it is: intake need not submit it again. (Bounded: beyond KEPT_REMEMBERED, the oldest is read once
+        more, found done in the ledger, and skipped.)"""
+        with self._archived_lock:
+            return self._kept.get(rel) == sig
+
     def _archive(self, job: Job, status: JobStatus, identity: tuple[int, int, int] | None) -> None:
-        if (root := self.settings.archive) is None:
+        mode, root = self.settings.inputs, self.settings.archive
+        if mode == "keep":
+            if identity is not None:
+                with self._archived_lock:
+                    self._kept[job.rel] = identity[1:]
+                    self._kept.move_to_end(job.rel)
+                    if len(self._kept) > KEPT_REMEMBERED:
+                        self._kept.popitem(last=False)
+            return
+        if root is None:
             return
         folder = "done" if status is JobStatus.DONE else "failed"
         try:
@@ -585,7 +607,10 @@ class Pipeline:
                     log.warning("%s was replaced after it was read: left in the inbox for its own job", job.rel)
                     return
                 self._note_archived(job.rel, identity)
-            move_verified(job.path, root / folder / job.rel)
+            if mode == "delete" and status is JobStatus.DONE:  # a failed input is kept, in the archive, to look at
+                job.path.unlink()
+            else:
+                move_verified(job.path, root / folder / job.rel)
         except (OSError, WorkerError) as e:
             # a read-only or foreign inbox, or an archive on another disk that is full: remembered and said
             # once (each rescan tries the move again without reading the input); anything else, each time
@@ -608,6 +633,7 @@ class Pipeline:
 _STUCK_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
 ARCHIVED_REMEMBERED = 4096  # recent archive moves kept in memory (a few hundred KB)
 STUCK_REMEMBERED = 100_000  # inputs that could not be moved out of the inbox (about 10 MB at most)
+KEPT_REMEMBERED = 200_000  # inputs kept in the inbox by configuration (about 300 bytes each: 60 MB at most)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:

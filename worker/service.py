@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from worker.config import Config
+from worker.config import Config, Disposition
 from worker.engine import Engine, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import walk
@@ -57,10 +57,13 @@ def _check_dirs(cfg: Config, root: Path, archive: Path | None) -> None:
 
 
 @contextmanager
-def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = None,
+def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None = None,
                   on_finished: Callable[[Job, JobStatus], None] | None = None,
                   replay: bool = False) -> Iterator[Pipeline]:
-    """Card, model, database, engine (warmed up), recorder, outbox and pipeline, closed in order."""
+    """Card, model, database, engine (warmed up), recorder, outbox and pipeline, closed in order.
+
+    `inputs`: what becomes of each input once its outcome is committed (None: nothing, nor any wait)."""
+    archive = cfg.archive if inputs in ("move", "delete") else None
     _check_dirs(cfg, root, archive)
     stabilize_allocator()
     card: ModelCard = find_card(cfg.models_dir, cfg.model)
@@ -80,7 +83,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, archive: Path | None = Non
     settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
                         max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
-                        memory_sample_s=cfg.metrics.memory_sample_s or 5.0, archive=archive,
+                        memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
                         keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce)
     recorder = Recorder(db, RunInfo(mode=mode, root=str(root), model=card.name, model_sha256=sha256_file(onnx),
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
@@ -114,7 +117,8 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
         total(sum(1 for _ in walk(folder, cfg.extensions, skip=(cfg.outbox,))))
     paths = walk(folder, cfg.extensions, skip=(cfg.outbox,))
     finished = (lambda job, status: progress(1)) if progress is not None else None
-    with open_pipeline(cfg, "run", folder, on_finished=finished) as pipeline:
+    inputs = None if cfg.inputs.run == "keep" else cfg.inputs.run  # keep: no input stage, no commit waits
+    with open_pipeline(cfg, "run", folder, inputs, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         recovered = pipeline.recover(folder)
         for path in paths:
@@ -141,8 +145,8 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     seen by its event (for supervisors, and for the bench's steady feed)."""
     inbox = cfg.inbox.absolute()
     inbox.mkdir(parents=True, exist_ok=True)
-    if not os.access(inbox, os.W_OK):  # a read-only share or mount: the results still come
-        log.error("%s is not writable: processed inputs cannot be moved to the archive; they stay in the inbox "
+    if cfg.inputs.watch != "keep" and not os.access(inbox, os.W_OK):  # a read-only share: results still come
+        log.error("%s is not writable: processed inputs cannot be moved or deleted; they stay in the inbox "
                   "(each is read once per start)", inbox)
     with inbox_lock(inbox):
         return _watch(cfg, inbox, stop, burst, on_finished, ready)
@@ -158,7 +162,7 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
         if on_finished is not None:
             on_finished(job, status)
 
-    with open_pipeline(cfg, "watch", inbox, archive=cfg.archive, on_finished=finished) as pipeline:
+    with open_pipeline(cfg, "watch", inbox, cfg.inputs.watch, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
         status = StatusLog(cfg.watch.status_log_s, pipeline.counts, pipeline.depth)
@@ -170,7 +174,8 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
             status.tick()
 
         intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s,
-                        lambda job: pipeline.submit(job, stop, waiting=check))
+                        lambda job: pipeline.submit(job, stop, waiting=check),
+                        done=pipeline.kept if cfg.inputs.watch == "keep" else None)
         watched = None if burst else WatchedInbox(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
         log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
         if ready is not None:
@@ -195,6 +200,7 @@ def demo(cfg: Config, models: tuple[str, ...] = DEMO_MODELS) -> tuple[Path, list
     from worker.samples import fetch_samples
 
     folder = fetch_samples(cfg.cache_dir)
+    cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, run="keep"))  # the samples stay cached
     summaries = [run_folder(dataclasses.replace(cfg, model=m, outbox=cfg.outbox / m), folder) for m in models]
     return folder, summaries
 

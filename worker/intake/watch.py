@@ -81,9 +81,12 @@ class Intake:
     """Collects candidate paths and submits each complete file once."""
 
     def __init__(self, root: Path, extensions: tuple[str, ...], settle_s: float, rescan_s: float,
-                 submit: Callable[[Job], object], skip: tuple[Path, ...] = ()) -> None:
+                 submit: Callable[[Job], object], skip: tuple[Path, ...] = (),
+                 done: Callable[[str, tuple[int, int]], bool] | None = None) -> None:
+        """`done(rel, (size, mtime_ns))`: whether that content was processed and left in the inbox on purpose
+        (`inputs: keep`); such a file is not submitted again."""
         self.root, self.extensions, self.settle_s, self.rescan_s = root, extensions, settle_s, rescan_s
-        self.submit, self.skip = submit, skip
+        self.submit, self.skip, self.done = submit, skip, done
         self._pending: dict[Path, _Pending] = {}
         self._inflight: dict[str, tuple[int, int]] = {}  # rel -> (size, mtime_ns) submitted, not finished
         self._lock = threading.Lock()
@@ -161,6 +164,8 @@ class Intake:
             self._drop(path)
             rel = path.relative_to(self.root).as_posix()
             sig = (st.st_size, st.st_mtime_ns)
+            if self.done is not None and self.done(rel, sig):
+                continue  # kept in the inbox after it was processed: each rescan sees it again
             with self._lock:
                 if self._inflight.get(rel) == sig:
                     continue  # already submitted (a second event for the same content)
