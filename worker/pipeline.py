@@ -1,7 +1,7 @@
 """The stages, wired by bounded queues:
 
     submit(job) -> [jobs] -> prepare x N -> [prepared] -> batch + infer x M -> [inferred] -> finish x 1
-                                                           (watch; run with inputs: move|delete) -> [archive] -> archive x 1
+                                                   (watch; run with inputs: move|delete) -> [archive] -> archive x 1
 
 prepare: read, hash, skip/quarantine check, claim, decode, preprocess.
 infer:   micro-batch up to max_batch or max_delay_ms, one shared session.

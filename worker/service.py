@@ -219,5 +219,6 @@ def describe(outbox: Path, rel: str) -> str:
     if doc["task"] == "detect":
         return ", ".join(f"{b['name']} {b['score']:.2f}" for b in doc["boxes"]) or "no boxes"
     if "classes" in doc:  # multi-class: each class but the background
-        return ", ".join(f"{c['name']} {c['fraction']:.2%}" for c in doc["classes"] if c["class_id"]) or "background only"
+        named = [f"{c['name']} {c['fraction']:.2%}" for c in doc["classes"] if c["class_id"]]
+        return ", ".join(named) or "background only"
     return f"{doc['label']} mask {doc['fg_fraction']:.2%} of pixels -> {doc.get('mask_path')}"
