@@ -159,3 +159,60 @@ def test_softmax_on_one_map_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ModelError, match="'activation: softmax' needs a map per class"):
         adapter_for(load_card(tmp_path / "model.yaml")).check_output(np.zeros((1, 8, 8), np.float32))
+
+
+def _channels_last_model(path: Path, elem: int) -> None:
+    """A TensorFlow-style export: input (N, 32, 48, 3) of `elem` type (raw 0-255 pixels when uint8), the
+    same 1x1 channel copy as `_channels_model`, output (N, 3, 32, 48) float16."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    nodes = [helper.make_node("Cast", ["input"], ["x"], to=TensorProto.FLOAT),
+             helper.make_node("Transpose", ["x"], ["nchw"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["nchw", "w"], ["conv"], kernel_shape=[1, 1]),
+             helper.make_node("Cast", ["conv"], ["logits"], to=TensorProto.FLOAT16)]
+    scale = 1 / 255 if elem == TensorProto.UINT8 else 1.0  # the card passes raw pixels for uint8
+    w = numpy_helper.from_array((np.eye(3, dtype=np.float32) * scale).reshape(3, 3, 1, 1), "w")
+    graph = helper.make_graph(nodes, "nhwc", [helper.make_tensor_value_info("input", elem, ["N", 32, 48, 3])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, ["N", 3, 32, 48])],
+                              initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    import onnx
+
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("elem, std", [("FLOAT16", 255), ("UINT8", 1)])
+def test_a_channels_last_model_of_another_input_type_gets_its_layout_and_type(own, elem: str, std: int) -> None:
+    from onnx import TensorProto
+
+    cfg, models, images = own
+    folder = models / "tf"
+    folder.mkdir(parents=True)
+    (folder / "model.yaml").write_text(
+        "name: tf\nonnx: tf.onnx\ntask: segment\n"
+        "input: {name: input, size: [32, 48], layout: nhwc}\n"
+        f"preprocess: {{color: rgb, resize: stretch, mean: [0, 0, 0], std: [{std}, {std}, {std}]}}\n"
+        "postprocess: {output: logits}\nlabels: [background, leaf, sky]\n")
+    _channels_last_model(folder / "tf.onnx", getattr(TensorProto, elem))
+    _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])
+    assert run_folder(dataclasses.replace(cfg, model="tf"), images).figures["done"] == 1
+    classes = cv2.imread(str(cfg.outbox / "bands.png.mask.png"), cv2.IMREAD_UNCHANGED)
+    assert (classes[:, :28] == 0).all() and (classes[:, 32:58] == 1).all() and (classes[:, 62:] == 2).all()
+    assert json.loads((cfg.outbox / "bands.png.json").read_text())["classes"][1]["score"] == pytest.approx(1.0, abs=0.01)
+
+
+def test_a_channels_last_model_under_a_channels_first_card_is_refused_with_the_fix(own) -> None:
+    from onnx import TensorProto
+
+    cfg, models, images = own
+    folder = models / "tf"
+    folder.mkdir(parents=True)
+    (folder / "model.yaml").write_text("name: tf\nonnx: tf.onnx\ntask: segment\ninput: {name: input, size: [32, 48]}\n"
+                                       "postprocess: {output: logits}\n")
+    _channels_last_model(folder / "tf.onnx", TensorProto.FLOAT)
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=r"has 32 channels where the card's layout nchw puts them, not 3 "
+                                         r"\(it looks NHWC: set input.layout: nhwc in the card\)"):
+        run_folder(dataclasses.replace(cfg, model="tf"), images)

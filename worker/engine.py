@@ -32,9 +32,15 @@ def default_threads(cores: int | None = None) -> tuple[int, int, int]:
     return max(1, min(n, 4)), max(1, n), 1
 
 
+# the model input's element type -> what the NCHW float32 batch is cast to (None: fed as it is)
+_INPUT_TYPES: dict[str, type | None] = {"tensor(float)": None, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
+
+
 class Engine:
     def __init__(self, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, input_name: str = "",
-                 output_name: str = "") -> None:
+                 output_name: str = "", layout: str = "nchw") -> None:
+        """`layout`: the model input's axis order, nchw or nhwc (TensorFlow exports); `run` takes NCHW
+        float32 either way and gives the input the model's layout and element type (float, float16, uint8)."""
         if (warning := conflicting_builds(installed_onnxruntime_builds())) is not None:
             log.warning(warning)
         self.device_id = cfg.device_id
@@ -64,7 +70,12 @@ class Engine:
             raise ModelError(f"{onnx_path}: no input named '{self.input_name}' (has {[i.name for i in inputs]})")
         if self.output_name not in {o.name for o in outputs}:
             raise ModelError(f"{onnx_path}: no output named '{self.output_name}' (has {[o.name for o in outputs]})")
-        self.input_shape = next(i.shape for i in inputs if i.name == self.input_name)
+        model_input = next(i for i in inputs if i.name == self.input_name)
+        self.input_shape, self.layout = model_input.shape, layout
+        if model_input.type not in _INPUT_TYPES:
+            raise ModelError(f"{onnx_path}: input '{self.input_name}' is {model_input.type}; the worker feeds "
+                             f"{', '.join(_INPUT_TYPES)}")
+        self._input_type = _INPUT_TYPES[model_input.type]
 
     @staticmethod
     def _providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]]:
@@ -90,11 +101,19 @@ class Engine:
         return "CUDAExecutionProvider" in self.providers
 
     def check_input(self, size_hw: tuple[int, int], name: str) -> None:
-        """Fail at start, not on the first image, when the card's input size contradicts the model."""
+        """Fail at start, not on the first image, when the card's input size or layout contradicts the model."""
         shape = self.input_shape
         if len(shape) != 4:
-            raise ModelError(f"model '{name}': input '{self.input_name}' has rank {len(shape)}, expected NCHW")
-        for dim, want, what in ((shape[2], size_hw[0], "height"), (shape[3], size_hw[1], "width")):
+            raise ModelError(f"model '{name}': input '{self.input_name}' has rank {len(shape)}, expected "
+                             f"{self.layout.upper()}")
+        channels, h, w = (shape[1], shape[2], shape[3]) if self.layout == "nchw" else (shape[3], shape[1], shape[2])
+        if isinstance(channels, int) and channels != 3:
+            other = "nhwc" if self.layout == "nchw" else "nchw"
+            hint = (f" (it looks {other.upper()}: set input.layout: {other} in the card)"
+                    if shape[3 if other == "nhwc" else 1] == 3 else "")
+            raise ModelError(f"model '{name}': input '{self.input_name}' {list(shape)} has {channels} channels "
+                             f"where the card's layout {self.layout} puts them, not 3{hint}")
+        for dim, want, what in ((h, size_hw[0], "height"), (w, size_hw[1], "width")):
             if isinstance(dim, int) and dim != want:
                 raise ModelError(f"model '{name}': card says input {what} {want}, the ONNX file says {dim}")
 
@@ -104,8 +123,15 @@ class Engine:
         return first if isinstance(first, int) else None
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """(N, 3, H, W) float32 -> the selected output, (N, ...)."""
-        return self.session.run([self.output_name], {self.input_name: batch})[0]
+        """(N, 3, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16)."""
+        if self.layout == "nhwc":
+            batch = np.ascontiguousarray(batch.transpose(0, 2, 3, 1))
+        if self._input_type is np.uint8:  # raw pixels: the card's mean 0 and std 1 leave them 0-255
+            batch = np.clip(np.rint(batch), 0, 255).astype(np.uint8)
+        elif self._input_type is not None:
+            batch = batch.astype(self._input_type)
+        out = self.session.run([self.output_name], {self.input_name: batch})[0]
+        return out.astype(np.float32) if out.dtype == np.float16 else out
 
     def warm_up(self, batch_size: int, size_hw: tuple[int, int]) -> None:
         """One run at the largest batch before intake starts, so the first image sees no cold start."""

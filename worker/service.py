@@ -73,7 +73,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     p = cfg.pipeline
     auto_decode, auto_infer, auto_intra = default_threads()
     engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or auto_intra, card.input.name,
-                    card.postprocess.output)
+                    card.postprocess.output, card.input.layout)
     size_hw = (card.input.size[0], card.input.size[1])
     engine.check_input(size_hw, card.name)
     max_batch = max(1, p.max_batch) if card.input.dynamic_batch else (engine.static_batch or 1)

@@ -48,6 +48,7 @@ class InputSpec:
     name: str = ""  # empty: the model's first input
     size: tuple[int, ...] = (224, 224)  # H, W of the network input
     dynamic_batch: bool = True
+    layout: Literal["nchw", "nhwc"] = "nchw"  # nhwc: channels last, as TensorFlow/Keras exports have it
 
 
 @dataclass(frozen=True)
