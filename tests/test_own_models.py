@@ -92,6 +92,9 @@ def test_a_multi_class_segmenter_writes_a_class_index_mask_and_per_class_fractio
     assert by_name["leaf"]["score"] == pytest.approx(pure, abs=0.02)
     assert doc["fg_fraction"] == pytest.approx((classes > 0).mean(), abs=1e-6)
     assert (cfg.outbox / "bands.png.overlay.jpg").is_file()
+    assert [(r["name"], r["xyxy"][0] in range(28, 33), r["xyxy"][2] in range(58, 63)) for r in doc["regions"]] == [
+        ("leaf", True, True), ("sky", False, False)] and doc["regions"][1]["xyxy"][2] == 90
+    assert set(doc["timings_ms"]) == {"queue_wait", "decode", "preprocess", "infer", "postprocess"}
 
     plain = cv2.imread(str(cfg.outbox / "plain.png.mask.png"), cv2.IMREAD_UNCHANGED)
     assert (plain == 0).all()

@@ -63,3 +63,20 @@ def test_decoder_matches_reference_pixels(samples: Path) -> None:
         bgr = decode((samples / name).read_bytes(), name, 10**9)
         rgb = np.ascontiguousarray(bgr[:, :, ::-1])
         assert hashlib.sha256(rgb.tobytes()).hexdigest() == ref["decoded_rgb_uint8_sha256"], name
+
+
+@pytest.mark.parametrize("name", sorted(REF["images"]))
+def test_regions_are_the_masks_connected_parts(processed, name: str) -> None:
+    """The regions are the written mask's 8-connected parts, boxes in pixel-edge coordinates, in reading order."""
+    cfg, _ = processed
+    doc = json.loads((cfg.outbox / f"{name}.json").read_text())
+    mask = (cv2.imread(str(cfg.outbox / doc["mask_path"]), cv2.IMREAD_GRAYSCALE) > 0).view(np.uint8)
+    n, labels = cv2.connectedComponents(mask, connectivity=8)
+    want = set()
+    for k in range(1, n):
+        ys, xs = np.nonzero(labels == k)
+        want.add((int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1, len(xs)))
+    assert {(*r["xyxy"], r["pixels"]) for r in doc["regions"]} == want and len(doc["regions"]) == n - 1
+    assert sum(r["pixels"] for r in doc["regions"]) == doc["fg_pixels"]
+    starts = [(r["xyxy"][1], r["xyxy"][0]) for r in doc["regions"]]
+    assert starts == sorted(starts)  # reading order

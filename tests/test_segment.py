@@ -48,3 +48,20 @@ def test_class_mask_matches_the_plain_formula(activation: str | None) -> None:
     assert result.names == ("bg", "a", "b", "c")
     doc = result.summary()
     assert doc["fg_pixels"] == int((result.classes > 0).sum()) and sum(x["pixels"] for x in doc["classes"]) == 45 * 70
+
+
+def test_regions_are_boxes_of_connected_parts_in_reading_order_and_capped() -> None:
+    from worker.tasks.segment import MAX_REGIONS, regions
+
+    mask = np.zeros((50, 80), np.uint8)
+    mask[30:40, 5:20] = 1  # lower
+    mask[2:6, 50:79] = 1  # upper right
+    mask[2:4, 10:12] = 1  # upper left, touching nothing
+    mask[6, 79] = 1  # diagonal neighbour of the upper right part: 8-connected to it
+    got = regions(mask)
+    assert got.tolist() == [[10, 2, 12, 4, 4], [50, 2, 80, 7, 4 * 29 + 1], [5, 30, 20, 40, 150]]
+    dots = np.zeros((100, 100), np.uint8)
+    dots[::2, ::2] = 1  # 2,500 single pixels
+    dots[40:45, 40:45] = 1  # and one of 25 (it swallows 9 dots)
+    many = regions(dots)
+    assert len(many) == MAX_REGIONS and many[:, 4].max() == 25 and regions(np.zeros((4, 4), np.uint8)).shape == (0, 5)

@@ -466,12 +466,15 @@ class Pipeline:
         result = self.adapter.postprocess(item.output, item.geometry)  # type: ignore[arg-type]
         t1 = time.perf_counter()
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
+        item.timings["postprocess_ms"] = (t1 - t0) * 1000
         document = {"image": job.rel, "sha256": item.sha256, "size": [w, h], "model": self.card.name,
-                    "task": self.card.task, **result.summary()}
+                    "task": self.card.task, **result.summary(),
+                    # up to the write (which is timed, with the total, in the database)
+                    "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in _JSON_TIMINGS}}
         json_path, mask_path = self.outbox.write(job.rel, result, document, item.image)
         item.image = None
         t2 = time.perf_counter()
-        item.timings.update(postprocess_ms=(t1 - t0) * 1000, write_ms=(t2 - t1) * 1000)
+        item.timings["write_ms"] = (t2 - t1) * 1000
         return Finished(job.rel, item.sha256, item.size, JobStatus.DONE, task=self.card.task,
                         score=top_score(result), payload=document, json_path=json_path, mask_path=mask_path,
                         labels=tuple(labels_of(result)), timings=self._timings(item),
@@ -630,6 +633,7 @@ class Pipeline:
                 self._stuck.pop(job.rel, None)
 
 
+_JSON_TIMINGS = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms")
 _STUCK_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
 ARCHIVED_REMEMBERED = 4096  # recent archive moves kept in memory (a few hundred KB)
 STUCK_REMEMBERED = 100_000  # inputs that could not be moved out of the inbox (about 10 MB at most)

@@ -5,7 +5,7 @@ They never draw or write themselves; `worker.outbox` writes them and `summary()`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Union
 
 import cv2
@@ -18,15 +18,20 @@ class Mask:
 
     mask: (H, W) bool at the original image size (True = foreground).
     label: the foreground class name. score: mean probability inside the mask (0 when empty).
+    regions: (R, 5) int64, the mask's connected regions (text lines, parts): x1, y1, x2, y2 in pixel-edge
+    coordinates (x2 = x1 + width) and the region's pixels.
     """
 
     mask: np.ndarray
     label: str
     score: float
+    regions: np.ndarray = field(default_factory=lambda: np.zeros((0, 5), np.int64))
 
     def __post_init__(self) -> None:
         if self.mask.ndim != 2 or self.mask.dtype != np.bool_:
             raise ValueError(f"Mask.mask must be a (H, W) bool array, got {self.mask.dtype} {self.mask.shape}")
+        if self.regions.ndim != 2 or self.regions.shape[1] != 5:
+            raise ValueError(f"Mask.regions must be (R, 5), got {self.regions.shape}")
 
     @property
     def fraction(self) -> float:
@@ -35,7 +40,8 @@ class Mask:
     def summary(self) -> dict[str, Any]:
         h, w = self.mask.shape
         return {"label": self.label, "fg_fraction": round(self.fraction, 6), "fg_pixels": int(self.mask.sum()),
-                "score": round(self.score, 6), "size": [w, h]}
+                "score": round(self.score, 6), "size": [w, h],
+                "regions": [{"xyxy": [int(v) for v in r[:4]], "pixels": int(r[4])} for r in self.regions]}
 
 
 @dataclass(frozen=True, eq=False)
@@ -45,11 +51,14 @@ class ClassMask:
     classes: (H, W) uint8 class index at the original image size; class 0 is the background.
     names: C class names, index = class id (C <= 256).
     scores: (C,) float64, each class's mean probability over the pixels the model gave it (0 where none).
+    regions: (R, 6) int64, each foreground class's connected regions: class id, x1, y1, x2, y2 (pixel
+    edges), pixels.
     """
 
     classes: np.ndarray
     names: tuple[str, ...]
     scores: np.ndarray
+    regions: np.ndarray = field(default_factory=lambda: np.zeros((0, 6), np.int64))
 
     def __post_init__(self) -> None:
         if self.classes.ndim != 2 or self.classes.dtype != np.uint8:
@@ -57,6 +66,8 @@ class ClassMask:
                              f"{self.classes.shape}")
         if not 2 <= len(self.names) <= 256 or self.scores.shape != (len(self.names),):
             raise ValueError(f"ClassMask: {len(self.names)} names and scores of shape {self.scores.shape}")
+        if self.regions.ndim != 2 or self.regions.shape[1] != 6:
+            raise ValueError(f"ClassMask.regions must be (R, 6), got {self.regions.shape}")
 
     def pixels(self) -> np.ndarray:
         """(C,) int64 pixels of each class."""
@@ -77,7 +88,9 @@ class ClassMask:
         return {"fg_fraction": round(fg / (h * w), 6), "fg_pixels": fg, "score": round(score, 6), "size": [w, h],
                 "classes": [{"class_id": c, "name": self.names[c], "fraction": round(int(n) / (h * w), 6),
                              "pixels": int(n), "score": round(float(self.scores[c]), 6)}
-                            for c, n in enumerate(pixels) if n]}
+                            for c, n in enumerate(pixels) if n],
+                "regions": [{"class_id": int(r[0]), "name": self.names[r[0]], "xyxy": [int(v) for v in r[1:5]],
+                             "pixels": int(r[5])} for r in self.regions]}
 
 
 @dataclass(frozen=True, eq=False)

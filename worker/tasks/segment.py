@@ -15,6 +15,18 @@ from worker.tasks import check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 MAX_CLASSES = 256  # the class mask is an 8-bit PNG
+MAX_REGIONS = 1000  # per image (per class): the largest are kept, so a noisy mask cannot bloat the JSON
+
+
+def regions(mask: np.ndarray) -> np.ndarray:
+    """(H, W) uint8 0/1 mask -> (R, 5) int64 x1, y1, x2, y2 (pixel edges), pixels of its 8-connected
+    regions: the MAX_REGIONS largest, in reading order (top to bottom, then left to right)."""
+    _, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8, ltype=cv2.CV_32S)
+    s = stats[1:].astype(np.int64)  # row 0 is the background
+    if len(s) > MAX_REGIONS:
+        s = s[np.argsort(-s[:, 4], kind="stable")[:MAX_REGIONS]]
+    s = s[np.lexsort((s[:, 0], s[:, 1]))]
+    return np.column_stack([s[:, 0], s[:, 1], s[:, 0] + s[:, 2], s[:, 1] + s[:, 3], s[:, 4]])
 
 
 def _multi_class(output: np.ndarray) -> bool:
@@ -70,7 +82,7 @@ class Segmenter(CardPreprocessing):
         # below the threshold become 0, the rest are summed (float64) and divided by their count
         _, kept = cv2.threshold(full, threshold, 0, cv2.THRESH_TOZERO)
         score = cv2.sumElems(kept)[0] / n if n else 0.0
-        return Mask(mask=mask, label=self.card.label(0), score=score)
+        return Mask(mask=mask, label=self.card.label(0), score=score, regions=regions(mask.view(np.uint8)))
 
     def _classes(self, output: np.ndarray, geometry: Geometry) -> ClassMask:
         """(C, h, w) -> each pixel's most probable class at the original size (the maps are resized
@@ -90,4 +102,8 @@ class Segmenter(CardPreprocessing):
         sums = np.bincount(small.ravel(), weights=best.ravel(), minlength=c)
         given = np.bincount(small.ravel(), minlength=c)
         scores = np.divide(sums, given, out=np.zeros(c), where=given > 0)
-        return ClassMask(classes=classes, names=tuple(self.card.label(i) for i in range(c)), scores=scores)
+        present = np.flatnonzero(cv2.calcHist([classes], [0], None, [c], [0, c])[:, 0])
+        found = [np.column_stack([np.full(len(r), k), r]) for k in present if k
+                 for r in [regions((classes == k).view(np.uint8))]]
+        return ClassMask(classes=classes, names=tuple(self.card.label(i) for i in range(c)), scores=scores,
+                         regions=np.concatenate(found) if found else np.zeros((0, 6), np.int64))
