@@ -33,7 +33,8 @@ def default_threads(cores: int | None = None) -> tuple[int, int, int]:
 
 
 # the model input's element type -> what the NCHW float32 batch is cast to (None: fed as it is)
-_INPUT_TYPES: dict[str, type | None] = {"tensor(float)": None, "tensor(float16)": np.float16, "tensor(uint8)": np.uint8}
+_INPUT_TYPES: dict[str, type | None] = {"tensor(float)": None, "tensor(float16)": np.float16,
+                                        "tensor(uint8)": np.uint8}
 
 
 class Engine:
