@@ -109,8 +109,9 @@ def test_a_file_renamed_into_place_is_taken_on_its_event(cfg, samples: Path) -> 
     assert grouper.delay == MOVE_PAIRING_S
 
 
-def test_a_second_watcher_on_the_same_inbox_refuses_to_start(cfg, tmp_path: Path) -> None:
-    """Each would take files the other is processing and move them away from under it."""
+def test_a_second_watcher_on_the_same_inbox_or_outbox_refuses_to_start(cfg, tmp_path: Path) -> None:
+    """On one inbox each would take files the other is processing and move them away from under it; into
+    one outbox, same-named images from two inboxes would overwrite each other's results."""
     from worker.errors import WorkerError
 
     cfg.inbox.mkdir(parents=True)
@@ -118,7 +119,11 @@ def test_a_second_watcher_on_the_same_inbox_refuses_to_start(cfg, tmp_path: Path
         assert w.ready.wait(120) and w.error is None
         with pytest.raises(WorkerError, match="another worker is watching this inbox"):
             watch(cfg, threading.Event(), burst=True)
-        other = dataclasses.replace(cfg, inbox=tmp_path / "other-inbox")  # another inbox: no conflict
+        other = dataclasses.replace(cfg, inbox=tmp_path / "other-inbox")  # another inbox, the same outbox
+        with pytest.raises(WorkerError, match="another worker watches into this outbox .* give the watcher of "
+                                              ".*other-inbox its own --outbox"):
+            watch(other, threading.Event(), burst=True)
+        other = dataclasses.replace(other, outbox=tmp_path / "other-outbox")  # and its own outbox: no conflict
         assert watch(other, threading.Event(), burst=True).figures["images"] == 0
     assert watch(cfg, threading.Event(), burst=True).figures["images"] == 0  # released when the first stops
 

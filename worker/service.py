@@ -15,7 +15,7 @@ from worker.config import Config, Disposition
 from worker.engine import Engine, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import walk
-from worker.intake.watch import Intake, WatchedInbox, inbox_lock
+from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card
@@ -148,7 +148,7 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     if cfg.inputs.watch != "keep" and not os.access(inbox, os.W_OK):  # a read-only share: results still come
         log.error("%s is not writable: processed inputs cannot be moved or deleted; they stay in the inbox "
                   "(each is read once per start)", inbox)
-    with inbox_lock(inbox):
+    with inbox_lock(inbox), outbox_lock(cfg.outbox, inbox):
         return _watch(cfg, inbox, stop, burst, on_finished, ready)
 
 

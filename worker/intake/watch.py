@@ -361,6 +361,22 @@ class WatchedInbox:
 
 
 @contextlib.contextmanager
+def outbox_lock(outbox: Path, inbox: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the outbox folder while watching into it.
+
+    Outputs are named by the input's path relative to its inbox, so two watchers of two inboxes writing
+    into one outbox would overwrite each other's results for same-named files (line1/in/a.jpg and
+    line2/in/a.jpg both write a.jpg.json); the second one refuses to start instead."""
+    outbox.mkdir(parents=True, exist_ok=True)
+    with flocked(outbox, wait=False) as held:
+        if held is False:
+            raise WorkerError(f"{outbox}: another worker watches into this outbox (outputs are named by their "
+                              f"path in the inbox, so same-named images from two inboxes would overwrite each "
+                              f"other's results); give the watcher of {inbox} its own --outbox")
+        yield
+
+
+@contextlib.contextmanager
 def inbox_lock(inbox: Path) -> Iterator[None]:
     """Hold an exclusive lock on the inbox folder itself (no lock file) while watching it.
 
