@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -227,15 +228,23 @@ def _inotify_watches_in_use() -> int:
     return used
 
 
-def test_folders_inotify_cannot_watch_are_said(cfg, caplog) -> None:
-    """Past fs.inotify.max_user_watches, watchdog silently leaves folders unwatched (their files come
-    only with the rescan, or never with rescans off): the worker counts them and says so."""
+@pytest.fixture
+def inotify_limit() -> Iterator[tuple[Path, str]]:
+    """fs.inotify.max_user_watches and its value, where this test may set it (root); restored after."""
     limit = Path("/proc/sys/fs/inotify/max_user_watches")
     try:
         before = limit.read_text()
         limit.write_text(before)
     except OSError:
         pytest.skip("cannot set fs.inotify.max_user_watches here (needs root)")
+    yield limit, before
+    limit.write_text(before)
+
+
+def test_folders_inotify_cannot_watch_are_said(cfg, caplog, inotify_limit) -> None:
+    """Past fs.inotify.max_user_watches, watchdog silently leaves folders unwatched (their files come
+    only with the rescan, or never with rescans off): the worker counts them and says so."""
+    limit, before = inotify_limit
     for i in range(40):
         (cfg.inbox / f"line{i:02d}").mkdir(parents=True)
     try:
@@ -253,16 +262,12 @@ def test_folders_inotify_cannot_watch_are_said(cfg, caplog) -> None:
     assert "inotify watches" not in caplog.text
 
 
-def test_a_raised_inotify_limit_is_picked_up_without_a_restart(cfg, samples: Path, caplog, monkeypatch) -> None:
+def test_a_raised_inotify_limit_is_picked_up_without_a_restart(cfg, samples: Path, caplog, monkeypatch,
+                                                                inotify_limit) -> None:
     """watchdog never retries a folder it could not watch; once the limit is raised, the watcher starts
     its observer again (and rescans once), so every folder's files come by their events again. With
     rescans off, files in the folders left unwatched were never taken before."""
-    limit = Path("/proc/sys/fs/inotify/max_user_watches")
-    try:
-        before = limit.read_text()
-        limit.write_text(before)
-    except OSError:
-        pytest.skip("cannot set fs.inotify.max_user_watches here (needs root)")
+    limit, before = inotify_limit
     monkeypatch.setattr(watch_module, "COVERAGE_CHECK_S", 0.3)
     cfg = dataclasses.replace(cfg, model="efficientnet-lite0", watch=dataclasses.replace(cfg.watch, rescan_interval_s=0))
     folders = [cfg.inbox / f"line{i:02d}" for i in range(40)]
