@@ -1,4 +1,5 @@
-"""Annotated overlay images (opt-in): boxes with names and scores, masks tinted, top labels written.
+"""Annotated overlay images (opt-in): boxes with names and scores, masks tinted (their regions boxed), top
+labels written.
 
 Results never draw themselves; this module does, and only the outbox calls it.
 """
@@ -21,6 +22,8 @@ def overlay(image: np.ndarray, result: Result) -> np.ndarray:
         tint = np.zeros_like(out)
         tint[result.mask] = (0, 0, 255)
         out = cv2.addWeighted(out, 1.0, tint, 0.5, 0)
+        for x1, y1, x2, y2, _ in result.regions:  # each region boxed (text lines, for PP-OCR)
+            cv2.rectangle(out, (int(x1), int(y1)), (int(x2) - 1, int(y2) - 1), (0, 255, 255), 1)
     elif isinstance(result, ClassMask):  # each class but the background tinted in its own colour
         palette = np.zeros((256, 3), np.uint8)
         palette[1:] = _COLORS[np.arange(255) % len(_COLORS)]
