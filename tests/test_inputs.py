@@ -96,5 +96,6 @@ def test_the_inputs_option_overrides_the_config_for_its_command(cfg, tmp_path: P
                       f"cache_dir: {cfg.cache_dir}\nmodels_dir: {cfg.models_dir}\ninputs: {{watch: keep}}\n")
     out = CliRunner().invoke(cli, ["--config", str(config), "run", str(folder), "--no-progress", "--inputs", "move"])
     assert out.exit_code == 0, out.output
+    assert f"inputs:   moved to {cfg.archive}/done/ and failed/" in out.output
     assert _files(folder) == [] and _files(cfg.archive) == ["done/coffee.png", "done/sub/page.png", "failed/broken.jpg"]
     assert "--inputs" in CliRunner().invoke(cli, ["watch", "--help"]).output

@@ -61,6 +61,8 @@ def _print_summary(summary: Any) -> None:
     latency = f"latency ms p50 {f['p50']} p95 {f['p95']} p99 {f['p99']}" if f["done"] else "no image done"
     click.echo(f"  {f['images_per_s']} images/s over {f['seconds']} s; {latency}")
     click.echo(f"  outbox:   {summary.outbox}")
+    if summary.inputs:
+        click.echo(f"  inputs:   {summary.inputs}")
     click.echo(f"  database: {summary.db}")
 
 

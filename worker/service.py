@@ -40,6 +40,7 @@ class Summary:
     outbox: Path
     db: str
     figures: dict[str, Any]
+    inputs: str = ""  # what became of the inputs, when the pipeline moved or deleted them
 
 
 def _check_dirs(cfg: Config, root: Path, archive: Path | None) -> None:
@@ -104,7 +105,15 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
 def _summary(cfg: Config, pipeline: Pipeline, mode: str, seconds: float) -> Summary:
     return Summary(run_id=pipeline.recorder.run_id, mode=mode, model=pipeline.card.name,
                    providers=tuple(pipeline.engine.providers), outbox=cfg.outbox, db=cfg.db,
-                   figures=summarize(pipeline.counts, seconds))
+                   figures=summarize(pipeline.counts, seconds), inputs=_inputs_said(pipeline.settings))
+
+
+def _inputs_said(settings: Settings) -> str:
+    if settings.inputs == "move":
+        return f"moved to {settings.archive}/done/ and failed/"
+    if settings.inputs == "delete":
+        return f"done ones deleted, failed ones moved to {settings.archive}/failed/"
+    return ""
 
 
 def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
