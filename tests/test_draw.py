@@ -24,6 +24,7 @@ def test_a_class_mask_tints_each_class_but_the_background() -> None:
     image = np.full((20, 30, 3), 100, np.uint8)
     classes = np.zeros((20, 30), np.uint8)
     classes[:, 10:20], classes[:, 20:] = 1, 2
-    out = overlay(image, ClassMask(classes=classes, names=("bg", "a", "b"), scores=np.ones(3)))
+    out = overlay(image, ClassMask(classes=classes, names=("bg", "a", "b"), scores=np.ones(3),
+                                     pixels=np.array([200, 200, 200])))
     assert (out[:, :10] == 100).all()
     assert tuple(out[5, 15]) != tuple(out[5, 25]) and (out[:, 10:] != 100).any(axis=2).all()

@@ -8,7 +8,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
-import cv2
 import numpy as np
 
 
@@ -51,13 +50,15 @@ class ClassMask:
     classes: (H, W) uint8 class index at the original image size; class 0 is the background.
     names: C class names, index = class id (C <= 256).
     scores: (C,) float64, each class's mean probability over the pixels the model gave it (0 where none).
-    regions: (R, 6) int64, each foreground class's connected regions: class id, x1, y1, x2, y2 (pixel
+    pixels: (C,) int64, each class's pixels in `classes`.
+    regions: (R, 6) int64, the foreground classes' connected regions: class id, x1, y1, x2, y2 (pixel
     edges), pixels.
     """
 
     classes: np.ndarray
     names: tuple[str, ...]
     scores: np.ndarray
+    pixels: np.ndarray
     regions: np.ndarray = field(default_factory=lambda: np.zeros((0, 6), np.int64))
 
     def __post_init__(self) -> None:
@@ -68,24 +69,21 @@ class ClassMask:
             raise ValueError(f"ClassMask: {len(self.names)} names and scores of shape {self.scores.shape}")
         if self.regions.ndim != 2 or self.regions.shape[1] != 6:
             raise ValueError(f"ClassMask.regions must be (R, 6), got {self.regions.shape}")
-
-    def pixels(self) -> np.ndarray:
-        """(C,) int64 pixels of each class."""
-        hist = cv2.calcHist([self.classes], [0], None, [256], [0, 256])  # 6x numpy's bincount on uint8
-        return hist[: len(self.names), 0].astype(np.int64)
+        if self.pixels.shape != (len(self.names),) or int(self.pixels.sum()) != self.classes.size:
+            raise ValueError(f"ClassMask.pixels {self.pixels.shape} must count the {self.classes.size} pixels "
+                             f"of {len(self.names)} classes")
 
     @property
-    def fraction(self) -> float:
-        """Share of pixels in any class but the background."""
-        return float(np.count_nonzero(self.classes)) / self.classes.size if self.classes.size else 0.0
+    def score(self) -> float:
+        """The mean probability over every foreground pixel: each class's mean weighted by its pixels."""
+        fg = self.pixels[1:]
+        return float((self.scores[1:] * fg).sum() / fg.sum()) if fg.sum() else 0.0
 
     def summary(self) -> dict[str, Any]:
         h, w = self.classes.shape
-        pixels = self.pixels()
+        pixels = self.pixels
         fg = int(pixels[1:].sum())
-        # the mean probability over every foreground pixel: each class's mean weighted by its pixels
-        score = float((self.scores[1:] * pixels[1:]).sum() / fg) if fg else 0.0
-        return {"fg_fraction": round(fg / (h * w), 6), "fg_pixels": fg, "score": round(score, 6), "size": [w, h],
+        return {"fg_fraction": round(fg / (h * w), 6), "fg_pixels": fg, "score": round(self.score, 6), "size": [w, h],
                 "classes": [{"class_id": c, "name": self.names[c], "fraction": round(int(n) / (h * w), 6),
                              "pixels": int(n), "score": round(float(self.scores[c]), 6)}
                             for c, n in enumerate(pixels) if n],
@@ -153,13 +151,11 @@ def labels_of(result: Result) -> list[tuple[int, str, float]]:
     if isinstance(result, Detections):
         return [(int(c), n, float(s)) for c, s, n in zip(result.class_ids, result.scores, result.names)]
     if isinstance(result, ClassMask):  # each foreground class present, with its mean probability
-        return [(c, result.names[c], float(result.scores[c])) for c, n in enumerate(result.pixels()) if n and c]
+        return [(c, result.names[c], float(result.scores[c])) for c, n in enumerate(result.pixels) if n and c]
     return [(0, result.label, result.score)] if result.mask.any() else []
 
 
 def top_score(result: Result) -> float:
-    if isinstance(result, Mask):
+    if isinstance(result, (Mask, ClassMask)):
         return result.score
-    if isinstance(result, ClassMask):
-        return float(result.summary()["score"])
     return float(result.scores[0]) if len(result.scores) else 0.0

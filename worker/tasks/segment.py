@@ -15,7 +15,7 @@ from worker.tasks import check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 MAX_CLASSES = 256  # the class mask is an 8-bit PNG
-MAX_REGIONS = 1000  # per image (per class): the largest are kept, so a noisy mask cannot bloat the JSON
+MAX_REGIONS = 1000  # per image: the largest are kept, so a noisy mask cannot bloat the JSON
 
 
 def regions(mask: np.ndarray) -> np.ndarray:
@@ -102,8 +102,12 @@ class Segmenter(CardPreprocessing):
         sums = np.bincount(small.ravel(), weights=best.ravel(), minlength=c)
         given = np.bincount(small.ravel(), minlength=c)
         scores = np.divide(sums, given, out=np.zeros(c), where=given > 0)
-        present = np.flatnonzero(cv2.calcHist([classes], [0], None, [c], [0, c])[:, 0])
-        found = [np.column_stack([np.full(len(r), k), r]) for k in present if k
+        pixels = cv2.calcHist([classes], [0], None, [c], [0, c])[:, 0].astype(np.int64)  # 6x numpy's bincount
+        found = [np.column_stack([np.full(len(r), k), r]) for k in np.flatnonzero(pixels) if k
                  for r in [regions((classes == k).view(np.uint8))]]
+        found_all = np.concatenate(found) if found else np.zeros((0, 6), np.int64)
+        if len(found_all) > MAX_REGIONS:  # the largest of all classes, kept in class and reading order
+            keep = np.sort(np.argsort(-found_all[:, 5], kind="stable")[:MAX_REGIONS])
+            found_all = found_all[keep]
         return ClassMask(classes=classes, names=tuple(self.card.label(i) for i in range(c)), scores=scores,
-                         regions=np.concatenate(found) if found else np.zeros((0, 6), np.int64))
+                         pixels=pixels, regions=found_all)
