@@ -154,9 +154,11 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
     out = r.invoke(cli, ["--config", str(conf), "query", "--label", "motorbike", "--min-score", "0.5"])
     assert "motorcycle_left.png" in out.output and "coffee.png" not in out.output
 
-    # results are per model: a segmenter's card cannot name COCO categories, and another model's images are not exported
+    # results are per model: a classifier's are not COCO annotations, and another model's images are not exported
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--model", "efficientnet-lite0"])
+    assert out.exit_code != 0 and "'efficientnet-lite0' is a classify model" in str(out.exception)  # main() prints it
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--model", "ppocr-det"])
-    assert out.exit_code != 0 and "'ppocr-det' is a segment model" in str(out.exception)  # main() prints it
+    assert json.loads(out.stdout)["images"] == [] and "no done results of model 'ppocr-det' match" in out.stderr
     assert len(r.invoke(cli, ["--config", str(conf), "query", "--model", "yolov3-tiny"]).output.splitlines()) == 4
     assert len(r.invoke(cli, ["--config", str(conf), "query", "--model", "ppocr-det"]).output.splitlines()) <= 1
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "nothing/*"])

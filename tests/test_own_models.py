@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from worker.errors import ConfigError, ModelError
+from worker.export import coco
 from worker.models.card import load_card
 from worker.models.onnx_graph import GraphBuilder
 from worker.service import run_folder
@@ -105,8 +106,15 @@ def test_a_multi_class_segmenter_writes_a_class_index_mask_and_per_class_fractio
         leaf = query_images(db, Filters(label="leaf"))
         assert [r["rel_path"] for r in leaf] == ["bands.png"]
         assert query_images(db, Filters(label="background")) == []  # the background is not a label
+        exported = coco(db, Filters(model="parts"), ("background", "leaf", "sky"), "segment", cfg.outbox)
     finally:
         db.dispose()
+    assert exported["categories"] == [{"id": 1, "name": "leaf"}, {"id": 2, "name": "sky"}]
+    (leaf_ann, sky_ann) = sorted(exported["annotations"], key=lambda a: a["category_id"])
+    x, y, w, h = sky_ann["bbox"]
+    assert (x + w, y, h, sky_ann["area"]) == (90, 0, 60, w * 60) and leaf_ann["score"] == by_name["leaf"]["score"]
+    (polygon,) = sky_ann["segmentation"]
+    assert sorted(zip(polygon[0::2], polygon[1::2])) == [(x, 0), (x, 59), (89, 0), (89, 59)]  # its band's corners
 
 
 def test_a_one_map_segmenter_that_outputs_logits_takes_a_sigmoid(own) -> None:

@@ -433,15 +433,18 @@ def export() -> None:
 @click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
 @click.option("--path", "path_glob", help="Glob on the relative path.")
 @click.option("--label", help="Only images with this predicted class name.")
-@click.option("--min-score", type=float, help="Only images with a box at or above this score.")
-@click.option("--model", help="Detection model whose results are exported; its card names the categories "
-                             "(default: the config's model).")
+@click.option("--min-score", type=float, help="Only images with a box or region at or above this score.")
+@click.option("--model", help="Detection or segmentation model whose results are exported; its card names the "
+                             "categories (default: the config's model).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout).")
 @click.option("--db", "db", help="Database URL (overrides config).")
+@click.option("--outbox", type=click.Path(path_type=Path), help="Where the masks are (overrides config).")
 @click.pass_context
 def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, label: str | None,
-                min_score: float | None, model: str | None, output: Path | None, db: str | None) -> None:
-    """Write detection results as COCO JSON (images, categories, annotations with scores).
+                min_score: float | None, model: str | None, output: Path | None, db: str | None,
+                outbox: Path | None) -> None:
+    """Write detection or segmentation results as COCO JSON (images, categories, annotations with scores;
+    a segmenter's regions with their polygons, traced from the masks in the outbox).
 
     \b
     Example:
@@ -453,14 +456,14 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
     from worker.store.db import open_db
     from worker.store.queries import Filters
 
-    cfg = _load(ctx, db=db, model=model)
+    cfg = _load(ctx, db=db, model=model, outbox=outbox)
     card = find_card(cfg.models_dir, cfg.model)
-    if card.task != "detect":
-        raise ConfigError(f"model {card.name!r} is a {card.task} model: COCO export takes a detection model's "
-                          f"results (--model NAME)")
+    if card.task not in ("detect", "segment"):
+        raise ConfigError(f"model {card.name!r} is a {card.task} model: COCO export takes a detection or "
+                          f"segmentation model's results (--model NAME)")
     card = with_labels(card, cfg.cache_dir)
     filters = Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score, model=card.name, limit=10**9)
-    doc = coco(open_db(cfg.db, create=False), filters, card.labels)
+    doc = coco(open_db(cfg.db, create=False), filters, card.labels, card.task, cfg.outbox)
     if not doc["images"]:
         click.echo(f"note: no done results of model {card.name!r} match", err=True)
     text = json.dumps(doc, indent=1)

