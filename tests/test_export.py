@@ -3,27 +3,18 @@
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import cv2
 import numpy as np
-from click.testing import CliRunner
 
-from tests.test_cli import _config
+from tests.test_cli import cli_run
 from worker.cli import cli
 
 
 def test_a_segmenters_regions_export_as_coco_polygons_that_redraw_its_mask(tmp_path: Path, samples: Path,
                                                                             ppocr_onnx: Path) -> None:
-    conf = _config(tmp_path)
-    conf.write_text(conf.read_text() + "model: ppocr-det\n")
-    folder = tmp_path / "in"
-    folder.mkdir()
-    for name in ("page.png", "text.png", "coffee.png"):
-        shutil.copy(samples / name, folder / name)
-    r = CliRunner()
-    assert r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"]).exit_code == 0
+    conf, r = cli_run(tmp_path, samples, ("page.png", "text.png", "coffee.png"), "model: ppocr-det\n")
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "-o", str(tmp_path / "coco.json")])
     assert out.exit_code == 0, out.output
     doc = json.loads((tmp_path / "coco.json").read_text())
