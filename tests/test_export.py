@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import cv2
@@ -37,6 +38,23 @@ def test_a_segmenters_regions_export_as_coco_polygons_that_redraw_its_mask(tmp_p
         iou = (mask & (drawn > 0)).sum() / union if union else 1.0
         assert iou >= 0.95, f"{image['file_name']}: polygons redraw the mask at IoU {iou:.3f}"
 
-    (outbox / "page.png.mask.png").unlink()  # a mask deleted since: its regions come as boxes only
+    mask = outbox / "text.png.mask.png"
+    kept = mask.read_bytes()
+    mask.unlink()  # a mask deleted since: its recorded regions come as boxes only
+    boxes = json.loads(r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "text.png"]).stdout)
+    assert boxes["annotations"] and all("segmentation" not in a for a in boxes["annotations"])
+    mask.write_bytes(kept)
+
+    # results recorded before regions were (no "regions" in their payload): traced from the masks
+    con = sqlite3.connect(tmp_path / "worker.db")
+    con.execute("UPDATE results SET payload = json_remove(payload, '$.regions')")
+    con.commit()
+    assert con.execute("SELECT count(*) FROM results WHERE json_extract(payload, '$.regions') IS NULL").fetchone() == (3,)
+    con.close()
+    again = json.loads(r.invoke(cli, ["--config", str(conf), "export", "coco"]).stdout)
+    assert [(a["bbox"], a["area"], a["segmentation"]) for a in again["annotations"]] == [
+        (a["bbox"], a["area"], a["segmentation"]) for a in doc["annotations"]]
+
+    (outbox / "page.png.mask.png").unlink()  # a mask deleted since: nothing to trace, nothing recorded
     doc = json.loads(r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "page.png"]).stdout)
-    assert doc["annotations"] and all("segmentation" not in a for a in doc["annotations"])
+    assert len(doc["images"]) == 1 and doc["annotations"] == []

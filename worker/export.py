@@ -12,6 +12,7 @@ from sqlalchemy import Engine, select
 
 from worker.store.queries import Filters, query_images
 from worker.store.schema import ResultRow
+from worker.tasks.segment import regions
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +51,12 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
         multi_class = multi_class or "classes" in doc
         scores = {c["class_id"]: c["score"] for c in doc.get("classes", [])}
         mask = _read_mask(outbox, r["mask_path"]) if outbox is not None and r["mask_path"] else None
-        shapes = _region_shapes(mask, doc["regions"]) if mask is not None else {}
-        for i, region in enumerate(doc.get("regions", [])):
+        found = doc.get("regions")
+        if found is None and mask is not None and "classes" not in doc:  # recorded before regions were
+            found = [{"xyxy": [int(v) for v in g[:4]], "pixels": int(g[4])} for g in regions((mask > 0).view(np.uint8))]
+        found = found or []
+        shapes = _region_shapes(mask, found) if mask is not None else {}
+        for i, region in enumerate(found):
             cid, name = region.get("class_id", 0), region.get("name", doc.get("label", "0"))
             seen[cid] = name
             x1, y1, x2, y2 = region["xyxy"]
