@@ -33,6 +33,17 @@ def check_labels(card: ModelCard, classes: int, output: np.ndarray) -> None:
                          f"'{card.postprocess.output}' {tuple(output.shape)} has {classes} classes")
 
 
+def activate(scores: np.ndarray, activation: str | None, axis: int = 0) -> np.ndarray:
+    """Scores -> probabilities as a card's `postprocess.activation` says: softmax over `axis`, sigmoid,
+    or as they are (`none`, or None: each task chooses its default before calling)."""
+    if activation == "softmax":
+        z = np.exp(scores - scores.max(axis=axis, keepdims=True))
+        return z / z.sum(axis=axis, keepdims=True)
+    if activation == "sigmoid":
+        return 1.0 / (1.0 + np.exp(-scores))
+    return scores
+
+
 def adapter_for(card: ModelCard) -> TaskAdapter:
     if card.task == "segment":
         from worker.tasks.segment import Segmenter

@@ -6,14 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from worker.results import Classification
-from worker.tasks import check_labels
+from worker.tasks import activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = logits.astype(np.float64).ravel()
-    z = np.exp(z - z.max())
-    return z / z.sum()
 
 
 class Classifier(CardPreprocessing):
@@ -23,13 +17,7 @@ class Classifier(CardPreprocessing):
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Classification:
         """output: (C,) logits for one image (probabilities with `activation: none`, independent
         per-class logits with `sigmoid`)."""
-        activation = self.card.postprocess.activation
-        if activation == "none":
-            probs = output.astype(np.float64).ravel()
-        elif activation == "sigmoid":
-            probs = 1.0 / (1.0 + np.exp(-output.astype(np.float64).ravel()))
-        else:
-            probs = softmax(output)
+        probs = activate(output.astype(np.float64).ravel(), self.card.postprocess.activation or "softmax")
         k = min(self.card.postprocess.top_k, probs.size)
         top = np.argsort(-probs, kind="stable")[:k]
         return Classification(class_ids=top.astype(np.int64), scores=probs[top],

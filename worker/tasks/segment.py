@@ -11,7 +11,7 @@ import numpy as np
 
 from worker.errors import ModelError
 from worker.results import ClassMask, Mask
-from worker.tasks import check_labels
+from worker.tasks import activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 MAX_CLASSES = 256  # the class mask is an 8-bit PNG
@@ -70,9 +70,8 @@ class Segmenter(CardPreprocessing):
         """output: (1, h, w) or (h, w) for one image (one map), or (C, h, w) (one map per class)."""
         if _multi_class(output):
             return self._classes(output, geometry)
-        prob = output.reshape(output.shape[-2:])
-        if self.card.postprocess.activation == "sigmoid":
-            prob = (1.0 / (1.0 + np.exp(-prob.astype(np.float32)))).astype(np.float32)
+        prob = output.reshape(output.shape[-2:]).astype(np.float32, copy=False)
+        prob = activate(prob, self.card.postprocess.activation)
         h, w = geometry.orig_hw
         full = cv2.resize(prob, (w, h), interpolation=cv2.INTER_LINEAR)
         threshold = self.card.postprocess.threshold
@@ -88,13 +87,7 @@ class Segmenter(CardPreprocessing):
         """(C, h, w) -> each pixel's most probable class at the original size (the maps are resized
         before the argmax, so class boundaries fall between the model's pixels), and each class's mean
         probability over the pixels the model gave it, at the model's resolution."""
-        probs = output.astype(np.float32)
-        activation = self.card.postprocess.activation
-        if activation == "softmax":
-            probs = np.exp(probs - probs.max(axis=0, keepdims=True))
-            probs /= probs.sum(axis=0, keepdims=True)
-        elif activation == "sigmoid":
-            probs = 1.0 / (1.0 + np.exp(-probs))
+        probs = activate(output.astype(np.float32, copy=False), self.card.postprocess.activation)
         c = probs.shape[0]
         h, w = geometry.orig_hw
         classes, _ = _argmax(cv2.resize(p, (w, h), interpolation=cv2.INTER_LINEAR) for p in probs)
