@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 from sqlalchemy import Engine, select
 
+from worker.results import region_dicts
 from worker.store.queries import Filters, query_images
 from worker.store.schema import ResultRow
 from worker.tasks.segment import regions
@@ -53,7 +54,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
         mask = _read_mask(outbox, r["mask_path"]) if outbox is not None and r["mask_path"] else None
         found = doc.get("regions")
         if found is None and mask is not None and "classes" not in doc:  # recorded before regions were
-            found = [{"xyxy": [int(v) for v in g[:4]], "pixels": int(g[4])} for g in regions((mask > 0).view(np.uint8))]
+            found = region_dicts(regions((mask > 0).view(np.uint8)))
         found = found or []
         shapes = _region_shapes(mask, found) if mask is not None else {}
         for i, region in enumerate(found):

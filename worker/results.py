@@ -39,8 +39,7 @@ class Mask:
     def summary(self) -> dict[str, Any]:
         h, w = self.mask.shape
         return {"label": self.label, "fg_fraction": round(self.fraction, 6), "fg_pixels": int(self.mask.sum()),
-                "score": round(self.score, 6), "size": [w, h],
-                "regions": [{"xyxy": [int(v) for v in r[:4]], "pixels": int(r[4])} for r in self.regions]}
+                "score": round(self.score, 6), "size": [w, h], "regions": region_dicts(self.regions)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,6 +141,11 @@ class Detections:
 
 
 Result = Union[Mask, ClassMask, Classification, Detections]
+
+
+def region_dicts(regions: np.ndarray) -> list[dict[str, Any]]:
+    """(R, 5) x1, y1, x2, y2, pixels -> the JSON's `regions` entries."""
+    return [{"xyxy": [int(v) for v in r[:4]], "pixels": int(r[4])} for r in regions]
 
 
 def labels_of(result: Result) -> list[tuple[int, str, float]]:

@@ -46,9 +46,10 @@ class StatusLog:
         new_latencies = snap[3] - self._last[3]
         window = f"the last {span_text(seconds)}"
         rss = f"RSS {psutil.Process().memory_info().rss / 2**20:.0f} MB"
-        waiting = f"{self._in_flight()} in flight"
+        in_flight = self._in_flight()
+        waiting = f"{in_flight} in flight"
         if not (done or failed or skipped):
-            if self._in_flight():  # a stall: the lines before this one in the log say why
+            if in_flight:  # a stall: the lines before this one in the log say why
                 return f"status: nothing finished in {window}; {waiting}; {rss}"
             return f"status: idle for {window}; {waiting}; {rss}"
         parts = [f"{done} done", f"{failed} failed"] + ([f"{skipped} skipped (already done)"] if skipped else [])

@@ -326,8 +326,8 @@ class WatchedInbox:
         if self._observer is None or self._kind != "native":
             return
         counted = unwatched_folders(self._observer, self.intake.root)
-        if counted is not None and counted[0] and inotify_limit() != self._limit:
-            self._limit = inotify_limit()
+        if counted is not None and counted[0] and (limit := inotify_limit()) != self._limit:
+            self._limit = limit
             self._stop_observer()
             self._observer = start_observer(self.intake, self._kind, self._poll_interval_s)
             self.intake.rescan()  # what landed while no observer ran

@@ -118,6 +118,5 @@ def assess(run: dict[str, Any], beats: Sequence[Beat], now: datetime, stall_s: f
     return health(RunState.RUNNING, f"running: {where}, {seen}, {last.in_flight} in flight{rate}", stuck)
 
 
-
 def _ago(seconds: float) -> str:
     return f"{span_text(seconds)} ago"
