@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import cv2
 import pytest
 from click.testing import CliRunner
 
@@ -144,6 +145,18 @@ def test_demo(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     assert out.exit_code == 0, out.output
     assert out.output.count("done 8, failed 0") == 3 and "outbox:" in out.output and "database:" in out.output
     assert "espresso 0.95" in out.output and "cup 0.65" in out.output and "text mask 13.77%" in out.output
+    # every task's JSON has the common keys (README, Outputs) with the image's own size
+    for model, extra in (("ppocr-det", {"mask", "mask_fraction", "regions"}), ("efficientnet-lite0", {"labels"}),
+                         ("yolov3-tiny", {"boxes"})):
+        docs = sorted((tmp_path / "outbox" / model).glob("*.json"))
+        assert len(docs) == 8, model
+        for path in docs:
+            doc = json.loads(path.read_text())
+            common = {"input", "sha256", "model", "task", "image", "timings_ms"}
+            assert common | extra <= set(doc), (path, set(doc))
+            assert doc["input"] + ".json" == path.name and doc["model"] == model and len(doc["sha256"]) == 64
+            h, w = cv2.imread(str(samples / doc["input"])).shape[:2]
+            assert doc["image"] == {"width": w, "height": h}
 
 
 def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path) -> None:

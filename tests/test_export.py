@@ -24,8 +24,8 @@ def test_a_segmenters_regions_export_as_coco_polygons_that_redraw_its_mask(tmp_p
     for image in doc["images"]:
         result = json.loads((outbox / f"{image['file_name']}.json").read_text())
         anns = [a for a in doc["annotations"] if a["image_id"] == image["id"]]
-        assert len(anns) == len(result["regions"]) and sum(a["area"] for a in anns) == result["fg_pixels"]
-        mask = cv2.imread(str(outbox / result["mask_path"]), cv2.IMREAD_GRAYSCALE) > 0
+        assert len(anns) == len(result["regions"]) and sum(a["area"] for a in anns) == result["mask_pixels"]
+        mask = cv2.imread(str(outbox / result["mask"]), cv2.IMREAD_GRAYSCALE) > 0
         drawn = np.zeros(mask.shape, np.uint8)
         for a in anns:
             x, y, w, h = a["bbox"]
@@ -45,13 +45,16 @@ def test_a_segmenters_regions_export_as_coco_polygons_that_redraw_its_mask(tmp_p
     assert boxes["annotations"] and all("segmentation" not in a for a in boxes["annotations"])
     mask.write_bytes(kept)
 
-    # results recorded before regions were (no "regions" in their payload): traced from the masks
+    # results recorded before regions were (no "regions" in their payload), and before the JSON's `image`
+    # object (a `size` list): traced from the masks, sized as before
     con = sqlite3.connect(tmp_path / "worker.db")
-    con.execute("UPDATE results SET payload = json_remove(payload, '$.regions')")
+    size = "json_array(json_extract(payload, '$.image.width'), json_extract(payload, '$.image.height'))"
+    con.execute(f"UPDATE results SET payload = json_remove(json_set(payload, '$.size', {size}), '$.regions', '$.image')")
     con.commit()
     assert con.execute("SELECT count(*) FROM results WHERE json_extract(payload, '$.regions') IS NULL").fetchone() == (3,)
     con.close()
     again = json.loads(r.invoke(cli, ["--config", str(conf), "export", "coco"]).stdout)
+    assert again["images"] == doc["images"] and all(i["width"] > 0 for i in doc["images"])
     assert [(a["bbox"], a["area"], a["segmentation"]) for a in again["annotations"]] == [
         (a["bbox"], a["area"], a["segmentation"]) for a in doc["annotations"]]
 

@@ -47,7 +47,7 @@ def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
     assert rows["dup_one.png"].sha256 == rows["dup_two.png"].sha256
     doc = json.loads((effcfg.outbox / "exif_rotated.jpg.json").read_text())
     h, w = cv2.imread(str(samples / "chelsea.png")).shape[:2]
-    assert doc["size"] == [h, w], "EXIF orientation applied: the result is in upright coordinates"
+    assert doc["image"] == {"width": h, "height": w}, "EXIF orientation applied: the result is in upright coordinates"
     assert json.loads((effcfg.outbox / "--help.png.json").read_text())["task"] == "classify"
     assert (effcfg.outbox / "ünïcødé 画像.jpg.json").exists()
     assert not list(effcfg.outbox.rglob("link_outside*")), "nothing written for the symlink"

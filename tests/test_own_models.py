@@ -85,13 +85,13 @@ def test_a_multi_class_segmenter_writes_a_class_index_mask_and_per_class_fractio
     assert (classes[:, :28] == 0).all() and (classes[:, 32:58] == 1).all() and (classes[:, 62:] == 2).all()
     doc = json.loads((cfg.outbox / "bands.png.json").read_text())
     by_name = {c["name"]: c for c in doc["classes"]}
-    assert set(by_name) == {"background", "leaf", "sky"} and doc["mask_path"] == "bands.png.mask.png"
+    assert set(by_name) == {"background", "leaf", "sky"} and doc["mask"] == "bands.png.mask.png"
     for name, cid in (("background", 0), ("leaf", 1), ("sky", 2)):
         assert by_name[name]["class_id"] == cid and by_name[name]["pixels"] == int((classes == cid).sum())
         assert by_name[name]["fraction"] == pytest.approx(1 / 3, abs=0.03)
     pure = float(np.exp(1) / (np.exp(1) + 2))  # softmax of (1, 0, 0): a pure band's probability
     assert by_name["leaf"]["score"] == pytest.approx(pure, abs=0.02)
-    assert doc["fg_fraction"] == pytest.approx((classes > 0).mean(), abs=1e-6)
+    assert doc["mask_fraction"] == pytest.approx((classes > 0).mean(), abs=1e-6)
     assert (cfg.outbox / "bands.png.overlay.jpg").is_file()
     assert [(r["name"], r["xyxy"][0] in range(28, 33), r["xyxy"][2] in range(58, 63)) for r in doc["regions"]] == [
         ("leaf", True, True), ("sky", False, False)] and doc["regions"][1]["xyxy"][2] == 90
@@ -99,7 +99,7 @@ def test_a_multi_class_segmenter_writes_a_class_index_mask_and_per_class_fractio
 
     plain = cv2.imread(str(cfg.outbox / "plain.png.mask.png"), cv2.IMREAD_UNCHANGED)
     assert (plain == 0).all()
-    assert json.loads((cfg.outbox / "plain.png.json").read_text())["fg_fraction"] == 0.0
+    assert json.loads((cfg.outbox / "plain.png.json").read_text())["mask_fraction"] == 0.0
 
     db = open_db(cfg.db)
     try:
@@ -128,7 +128,7 @@ def test_a_one_map_segmenter_that_outputs_logits_takes_a_sigmoid(own) -> None:
     mask = cv2.imread(str(cfg.outbox / "bands.png.mask.png"), cv2.IMREAD_GRAYSCALE)
     assert (mask[:, 32:58] == 255).all() and (mask[:, :28] == 0).all() and (mask[:, 62:] == 0).all()
     doc = json.loads((cfg.outbox / "bands.png.json").read_text())
-    assert doc["label"] == "leaf" and doc["fg_fraction"] == pytest.approx(1 / 3, abs=0.03)
+    assert doc["label"] == "leaf" and doc["mask_fraction"] == pytest.approx(1 / 3, abs=0.03)
     # a probability (a pure green pixel's is sigmoid(8); the band's edges, resized, a little less), not a logit
     assert 0.95 < doc["score"] <= 1 / (1 + np.exp(-8.0))
 

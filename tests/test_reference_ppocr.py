@@ -45,8 +45,8 @@ def test_mask_matches_reference(processed, name: str) -> None:
     cfg, _ = processed
     ref = REF["images"][name]
     doc = json.loads((cfg.outbox / f"{name}.json").read_text())
-    assert abs(doc["fg_fraction"] - ref["fg_fraction"]) <= 0.005
-    mine = cv2.imread(str(cfg.outbox / doc["mask_path"]), cv2.IMREAD_GRAYSCALE) > 0
+    assert abs(doc["mask_fraction"] - ref["fg_fraction"]) <= 0.005
+    mine = cv2.imread(str(cfg.outbox / doc["mask"]), cv2.IMREAD_GRAYSCALE) > 0
     theirs = cv2.imread(str(REFERENCE / ref["mask_png"]), cv2.IMREAD_GRAYSCALE) > 0
     assert mine.shape == theirs.shape == tuple(ref["decoded_hw"])
     union = np.logical_or(mine, theirs).sum()
@@ -70,13 +70,13 @@ def test_regions_are_the_masks_connected_parts(processed, name: str) -> None:
     """The regions are the written mask's 8-connected parts, boxes in pixel-edge coordinates, in reading order."""
     cfg, _ = processed
     doc = json.loads((cfg.outbox / f"{name}.json").read_text())
-    mask = (cv2.imread(str(cfg.outbox / doc["mask_path"]), cv2.IMREAD_GRAYSCALE) > 0).view(np.uint8)
+    mask = (cv2.imread(str(cfg.outbox / doc["mask"]), cv2.IMREAD_GRAYSCALE) > 0).view(np.uint8)
     n, labels = cv2.connectedComponents(mask, connectivity=8)
     want = set()
     for k in range(1, n):
         ys, xs = np.nonzero(labels == k)
         want.add((int(xs.min()), int(ys.min()), int(xs.max()) + 1, int(ys.max()) + 1, len(xs)))
     assert {(*r["xyxy"], r["pixels"]) for r in doc["regions"]} == want and len(doc["regions"]) == n - 1
-    assert sum(r["pixels"] for r in doc["regions"]) == doc["fg_pixels"]
+    assert sum(r["pixels"] for r in doc["regions"]) == doc["mask_pixels"]
     starts = [(r["xyxy"][1], r["xyxy"][0]) for r in doc["regions"]]
     assert starts == sorted(starts)  # reading order

@@ -47,7 +47,7 @@ def test_class_mask_matches_the_plain_formula(activation: str | None) -> None:
         assert result.scores[c] == pytest.approx(probs.max(axis=0)[sel].mean() if sel.any() else 0.0, rel=1e-4)
     assert result.names == ("bg", "a", "b", "c")
     doc = result.summary()
-    assert doc["fg_pixels"] == int((result.classes > 0).sum()) and sum(x["pixels"] for x in doc["classes"]) == 45 * 70
+    assert doc["mask_pixels"] == int((result.classes > 0).sum()) and sum(x["pixels"] for x in doc["classes"]) == 45 * 70
 
 
 def test_regions_are_boxes_of_connected_parts_in_reading_order_and_capped() -> None:

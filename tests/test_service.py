@@ -30,7 +30,7 @@ def test_run_processes_records_and_resumes(cfg, tmp_path: Path, samples: Path) -
     assert (first.figures["done"], first.figures["failed"], first.figures["skipped"]) == (3, 1, 0)
 
     doc = json.loads((cfg.outbox / "page.png.json").read_text())
-    assert doc["task"] == "segment" and doc["fg_fraction"] > 0.1 and doc["mask_path"] == "page.png.mask.png"
+    assert doc["task"] == "segment" and doc["mask_fraction"] > 0.1 and doc["mask"] == "page.png.mask.png"
     assert (cfg.outbox / "sub/deeper/rocket with space.jpg.json").exists()
     assert not list(cfg.outbox.rglob(".tmp-*"))
 

@@ -39,7 +39,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     multi_class = False
     for r in rows:
         doc = payloads.get(r["id"], {})
-        w, h = doc.get("size", [0, 0])
+        w, h = _size(doc)
         images.append({"id": r["id"], "file_name": r["rel_path"], "width": w, "height": h})
         if task == "detect":
             for box in doc.get("boxes", []):
@@ -73,6 +73,15 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     what = "detections" if task == "detect" else "segmentation regions"
     return {"info": {"description": f"worker {what}"}, "images": images,
             "categories": [{"id": i, "name": n} for i, n in sorted(names.items())], "annotations": annotations}
+
+
+def _size(doc: dict[str, Any]) -> tuple[int, int]:
+    """(width, height) from a result's JSON; results recorded before the JSON's `image` object have `size`."""
+    image = doc.get("image")
+    if isinstance(image, dict):
+        return image.get("width", 0), image.get("height", 0)
+    w, h = doc.get("size", [0, 0])
+    return w, h
 
 
 def _read_mask(outbox: Path, mask_path: str) -> np.ndarray | None:

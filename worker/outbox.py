@@ -118,7 +118,7 @@ class Outbox:
             mask_rel = rel + ".mask.png"
             png = encode_mask_png(result.mask) if isinstance(result, Mask) else encode_class_png(result.classes)
             write_atomic(self._inside(mask_rel), png)
-            document = {**document, "mask_path": mask_rel}
+            document = {**document, "mask": mask_rel}
         json_rel = None
         if self.write_json:
             json_rel = rel + ".json"

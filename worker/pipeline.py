@@ -467,8 +467,9 @@ class Pipeline:
         t1 = time.perf_counter()
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
         item.timings["postprocess_ms"] = (t1 - t0) * 1000
-        document = {"image": job.rel, "sha256": item.sha256, "size": [w, h], "model": self.card.name,
-                    "task": self.card.task, **result.summary(),
+        # the JSON's common keys (README, Outputs); the task's own follow
+        document = {"input": job.rel, "sha256": item.sha256, "model": self.card.name, "task": self.card.task,
+                    "image": {"width": w, "height": h}, **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in _JSON_TIMINGS}}
         json_path, mask_path = self.outbox.write(job.rel, result, document, item.image)

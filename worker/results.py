@@ -32,14 +32,11 @@ class Mask:
         if self.regions.ndim != 2 or self.regions.shape[1] != 5:
             raise ValueError(f"Mask.regions must be (R, 5), got {self.regions.shape}")
 
-    @property
-    def fraction(self) -> float:
-        return float(self.mask.mean()) if self.mask.size else 0.0
-
     def summary(self) -> dict[str, Any]:
-        h, w = self.mask.shape
-        return {"label": self.label, "fg_fraction": round(self.fraction, 6), "fg_pixels": int(self.mask.sum()),
-                "score": round(self.score, 6), "size": [w, h], "regions": region_dicts(self.regions)}
+        pixels = int(np.count_nonzero(self.mask))
+        fraction = pixels / self.mask.size if self.mask.size else 0.0
+        return {"label": self.label, "mask_fraction": round(fraction, 6), "mask_pixels": pixels,
+                "score": round(self.score, 6), "regions": region_dicts(self.regions)}
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,7 +79,7 @@ class ClassMask:
         h, w = self.classes.shape
         pixels = self.pixels
         fg = int(pixels[1:].sum())
-        return {"fg_fraction": round(fg / (h * w), 6), "fg_pixels": fg, "score": round(self.score, 6), "size": [w, h],
+        return {"mask_fraction": round(fg / (h * w), 6), "mask_pixels": fg, "score": round(self.score, 6),
                 "classes": [{"class_id": c, "name": self.names[c], "fraction": round(int(n) / (h * w), 6),
                              "pixels": int(n), "score": round(float(self.scores[c]), 6)}
                             for c, n in enumerate(pixels) if n],

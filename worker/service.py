@@ -230,4 +230,4 @@ def describe(outbox: Path, rel: str) -> str:
     if "classes" in doc:  # multi-class: each class but the background
         named = [f"{c['name']} {c['fraction']:.2%}" for c in doc["classes"] if c["class_id"]]
         return ", ".join(named) or "background only"
-    return f"{doc['label']} mask {doc['fg_fraction']:.2%} of pixels -> {doc.get('mask_path')}"
+    return f"{doc['label']} mask {doc['mask_fraction']:.2%} of pixels -> {doc.get('mask')}"
