@@ -101,6 +101,7 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
     assert (first.figures["done"], first.figures["failed"]) == (3, 1)
     second = run_folder(c, folder)  # the ledger's check on PostgreSQL: done images skipped, the failed one retried
     assert (second.figures["done"], second.figures["failed"], second.figures["skipped"]) == (0, 1, 3)
+    assert second.figures["skipped_unread"] == 3  # known by their file stamps (that statement ran here too)
 
     db = open_db(pg_url)
     try:
@@ -126,6 +127,8 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         # `worker health`'s reads: a run by id, and the latest watch run on an inbox (none here)
         assert run_health(db, run_id=first.run_id).state is RunState.FINISHED
         assert run_health(db, root=str(folder)) is None
+        (folder / "coffee.png").touch()  # read again, known by its content, its new stamp recorded (and that one)
+        assert [run_folder(c, folder).figures["skipped_unread"] for _ in range(2)] == [2, 3]
 
         # the conditional claim (ON CONFLICT ... DO UPDATE ... WHERE) on PostgreSQL: a live worker's image
         # is left to it, a recovery takes it over

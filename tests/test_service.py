@@ -140,3 +140,45 @@ def test_a_new_version_of_the_model_file_processes_done_images_again(cfg, tmp_pa
         assert c.execute(select(ImageRow.attempts)).scalars().all() == [1, 1]  # a fresh count, not 2
         assert c.scalar(select(func.count()).select_from(ResultRow)) == 2  # replaced, never two
     db.dispose()
+
+
+def test_a_rerun_knows_unchanged_files_without_reading_them(cfg, tmp_path: Path, samples: Path,
+                                                            effnet_onnx: Path) -> None:
+    """A file whose size and stamp (inode, mtime, ctime) are those of the read that was processed is
+    done without being read again; any change to it, even one that keeps its size and mtime, or another
+    folder with the same names and contents, is read (and its content decides)."""
+    import dataclasses
+    import os
+
+    import cv2
+
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0")
+    folder = tmp_path / "in"
+    (folder / "sub").mkdir(parents=True)
+    names = ["coffee.bmp", "sub/chelsea.bmp", "astronaut.bmp"]
+    for name in names:
+        cv2.imwrite(str(folder / name), cv2.imread(str(samples / Path(name).with_suffix(".png").name)))
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not a jpeg")
+
+    def figures(where: Path = folder) -> tuple[int, int, int, int]:
+        f = run_folder(cfg, where).figures
+        return f["done"], f["failed"], f["skipped"], f["skipped_unread"]
+
+    assert figures() == (3, 1, 0, 0)
+    assert figures() == (0, 1, 3, 3)  # the failed one is read and tried again, never skipped
+
+    # new pixels, same size, the old mtime put back (as `cp -p` or a careless tool would): read again
+    path = folder / "coffee.bmp"
+    st = path.stat()
+    image = cv2.imread(str(path))
+    cv2.imwrite(str(path), 255 - image)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert path.stat().st_size == st.st_size and path.stat().st_mtime_ns == st.st_mtime_ns
+    assert figures() == (1, 1, 2, 2)
+    (folder / "astronaut.bmp").touch()  # a new mtime, the same content: read, and known by its content
+    assert figures() == (0, 1, 3, 2)
+    assert figures() == (0, 1, 3, 3)
+
+    other = tmp_path / "copy"
+    shutil.copytree(folder, other, copy_function=shutil.copy2)  # same names, contents and mtimes elsewhere
+    assert figures(other) == (0, 1, 3, 0)

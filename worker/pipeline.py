@@ -41,8 +41,8 @@ from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard
 from worker.outbox import Outbox, move_verified
 from worker.results import labels_of, top_score
-from worker.store.ledger import Ledger
-from worker.store.recorder import Claimed, Commit, Finished, Recorder
+from worker.store.ledger import Ledger, stamp_of
+from worker.store.recorder import Claimed, Commit, Finished, Recorder, Restamped
 from worker.tasks import TaskAdapter
 from worker.tasks.preprocess import Geometry, needed_size
 
@@ -90,6 +90,7 @@ class Counts:
     done: int = 0
     failed: int = 0
     skipped: int = 0
+    unread: int = 0  # of the skipped: known done by the file's size and stamp, not read again
     taken: int = 0  # left to another live worker that claimed them first
     latencies_ms: LatencyWindow = field(default_factory=LatencyWindow)  # done images, total ms
 
@@ -114,6 +115,7 @@ class _Item:
     committed: Commit | None = None  # set once the claim's transaction has ended
     error: str | None = None
     skipped: bool = False  # already done with the same content and model
+    unread: bool = False  # skipped by its file's size and stamp, without reading it
     taken: bool = False  # in another live worker's hands (its claim came first): left to it
     timings: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
@@ -137,7 +139,7 @@ class Pipeline:
         self._prepared: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._inferred: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._to_archive: queue.Queue[Any] = queue.Queue(settings.queue_size)
-        self._ledger = Ledger(db, card.name)
+        self._ledger = Ledger(db, card.name, recorder.root)
         # rel -> (size, mtime_ns) of the inputs archived lately: a job queued for content that an
         # earlier job of the same path read and archived finds the file gone, and is not a failure
         self._archived: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -311,8 +313,12 @@ class Pipeline:
                 if self.settings.max_pixels and st.st_size > MAX_BYTES_PER_PIXEL * self.settings.max_pixels:
                     raise ImageTooLarge(job.rel, f"{st.st_size} bytes is more than any image within the pixel "
                                                  f"limit takes ({MAX_BYTES_PER_PIXEL} bytes x pipeline.max_pixels)")
+                item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+                stamp = stamp_of(st)
+                if stamp is not None and not self.settings.replay and self._done_as_read(job.rel, st.st_size, stamp):
+                    item.skipped = item.unread = True
+                    return False
                 item.data = f.read()
-            item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
         except FileNotFoundError:
             if self._archived_already(job):
                 item.skipped = True  # replaced while queued: the job before it read and archived this content
@@ -326,15 +332,24 @@ class Pipeline:
         if known is not None and known.status == JobStatus.DONE.value:
             if known.model_sha256 == self.recorder.model_sha256:
                 item.skipped, item.data = True, None
+                if stamp is not None:  # read under a new stamp (touched, or done before stamps): note it
+                    self.recorder.put(Restamped(job.rel, item.sha256, stamp))
                 return False
             known, redo = None, True  # done with another version of the model's file (retrained): processed again
         if known is not None and known.attempts >= self.settings.max_attempts:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
         item.committed = Commit()
-        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed, take_over=job.take_over,
-                                  redo=redo))
+        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed, stamp=stamp,
+                                  take_over=job.take_over, redo=redo))
         return True
+
+    def _done_as_read(self, rel: str, size: int, stamp: str) -> bool:
+        """Whether this file, unchanged since the read whose content was processed, is done with this
+        model's file: then it need not be read (a rerun over a big folder, a restart with inputs kept)."""
+        known = self._ledger.check_stamp(rel, size, stamp)
+        return known is not None and known.status == JobStatus.DONE.value and \
+            known.model_sha256 == self.recorder.model_sha256
 
     def _decode(self, item: _Item) -> bool:
         job, data = item.job, item.data
@@ -434,6 +449,7 @@ class Pipeline:
         job = item.job
         if item.skipped:
             self.counts.skipped += 1
+            self.counts.unread += item.unread
             return JobStatus.DONE, None
         event: Finished
         t0 = time.perf_counter()
@@ -583,8 +599,8 @@ class Pipeline:
 
     def kept(self, rel: str, sig: tuple[int, int]) -> bool:
         """Whether the input at `rel` with this (size, mtime_ns) was processed and, as configured, kept where
-        it is: intake need not submit it again. (Bounded: beyond KEPT_REMEMBERED, the oldest is read once
-        more, found done in the ledger, and skipped.)"""
+        it is: intake need not submit it again. (Bounded: beyond KEPT_REMEMBERED, and after a restart, such
+        an input is submitted again and found done by its file's stamp, unread.)"""
         with self._archived_lock:
             return self._kept.get(rel) == sig
 
@@ -680,6 +696,7 @@ def _file_kind(mode: int) -> str:
 
 def summarize(counts: Counts, seconds: float) -> dict[str, Any]:
     return {"images": counts.processed + counts.skipped + counts.taken, "done": counts.done, "failed": counts.failed,
-            "skipped": counts.skipped, "taken": counts.taken, "seconds": round(seconds, 3),
+            "skipped": counts.skipped, "skipped_unread": counts.unread, "taken": counts.taken,
+            "seconds": round(seconds, 3),
             "images_per_s": round(counts.processed / seconds, 2) if seconds > 0 else 0.0,
             **{k: round(v, 1) for k, v in percentiles(counts.latencies_ms.last()).items()}}

@@ -35,14 +35,26 @@ _LOOKUP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_
            .join(Run, Run.id == ImageRow.run_id, isouter=True)
            .where(ImageRow.rel_path == bindparam("rel"), ImageRow.sha256 == bindparam("sha"),
                   ImageRow.model == bindparam("model")))
+# the same, found by the file's size and stamp under the run's root instead of its content
+_BY_STAMP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256)
+             .join(Run, Run.id == ImageRow.run_id)
+             .where(ImageRow.rel_path == bindparam("rel"), ImageRow.model == bindparam("model"),
+                    ImageRow.size == bindparam("size"), ImageRow.stamp == bindparam("stamp"),
+                    Run.root == bindparam("root"))
+             .order_by(ImageRow.updated_at.desc()))  # the latest first (fetchone)
+
+
+def stamp_of(st: os.stat_result) -> str | None:
+    """A file's "inode:mtime_ns:ctime_ns": any write to it, or a file put in its place, changes it (the
+    change time cannot be set back by tools that keep a modification time). None where st_ctime is the
+    creation time (Windows)."""
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}" if os.name == "posix" else None
 
 
 class Ledger:
-    def __init__(self, engine: Engine, model: str) -> None:
-        self.engine, self.model = engine, model
-        compiled = _LOOKUP.compile(dialect=engine.dialect)
-        self._sql = compiled.string
-        self._order = compiled.positiontup if engine.dialect.positional else None
+    def __init__(self, engine: Engine, model: str, root: str = "") -> None:
+        self.engine, self.model, self.root = engine, model, root
+        self._sql = {name: _compiled(stmt, engine) for name, stmt in (("content", _LOOKUP), ("stamp", _BY_STAMP))}
         self._local = threading.local()
         self._lock = threading.Lock()
         self._conns: list[Any] = []
@@ -51,12 +63,21 @@ class Ledger:
         """What the database says of this image; None when nothing, or when the database cannot say
         (down: then the image is processed as new, and its claim waits in the recorder until the
         database is back, so only the few images claimed meanwhile skip this check)."""
-        params = {"rel": rel, "sha": sha256, "model": self.model}
+        return self._lookup("content", rel, {"rel": rel, "sha": sha256, "model": self.model})
+
+    def check_stamp(self, rel: str, size: int, stamp: str) -> Known | None:
+        """What the database says of the content last read from this file, if the file's size and stamp
+        are still those of that read, under this run's root; None otherwise (then read it and `check`)."""
+        return self._lookup("stamp", rel, {"rel": rel, "model": self.model, "size": size, "stamp": stamp,
+                                           "root": self.root})
+
+    def _lookup(self, which: str, rel: str, params: dict[str, Any]) -> Known | None:
+        sql, order = self._sql[which]
         try:
             conn = self._connection()
             cur = conn.cursor()
             try:
-                cur.execute(self._sql, tuple(params[k] for k in self._order) if self._order else params)
+                cur.execute(sql, tuple(params[k] for k in order) if order else params)
                 row = cur.fetchone()
             finally:
                 cur.close()
@@ -130,3 +151,9 @@ def process_exists(pid: int) -> bool:
     except PermissionError:  # exists, owned by another user
         return True
     return True
+
+
+def _compiled(stmt: Any, engine: Engine) -> tuple[str, tuple[str, ...] | None]:
+    """The statement's SQL for the engine's dialect, and its parameters' order when positional."""
+    compiled = stmt.compile(dialect=engine.dialect)
+    return compiled.string, (compiled.positiontup if engine.dialect.positional else None)

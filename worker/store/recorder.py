@@ -139,6 +139,7 @@ class Claimed:
     sha256: str
     size: int
     committed: Commit | None = None
+    stamp: str | None = None  # the file's "inode:mtime_ns:ctime_ns" as it was read (see ImageRow.stamp)
     # False: the claim yields to another live worker's (its `committed.taken_by` says whose); True: a
     # recovery, taking over the row a dead worker left `processing`
     take_over: bool = False
@@ -169,6 +170,17 @@ class Finished:
 
 
 @dataclass(frozen=True, eq=False)
+class Restamped:
+    """An image was found done by its content, read under a new stamp (touched, copied back in place,
+    or done before stamps were recorded): the stamp is recorded, so the next run need not read it."""
+
+    rel: str
+    sha256: str
+    stamp: str
+    committed: Commit | None = None  # nothing waits for it
+
+
+@dataclass(frozen=True, eq=False)
 class Sample:
     rss_bytes: int
     fds: int
@@ -179,7 +191,7 @@ class Sample:
     at: datetime = field(default_factory=utcnow)
 
 
-Event = Union[Claimed, Finished, Sample]
+Event = Union[Claimed, Finished, Restamped, Sample]
 _STOP = object()
 _HURRY = object()  # someone waits for a commit: write without gathering (see GROUP_S)
 
@@ -190,6 +202,7 @@ class Recorder:
     def __init__(self, engine: Engine, info: RunInfo) -> None:
         self.engine = engine
         self.model = info.model
+        self.root = info.root  # the inbox or the folder run: where the stamps recorded hold
         self.model_sha256 = info.model_sha256
         with Session(engine) as s, s.begin():
             run = Run(mode=info.mode, host=socket.gethostname(), pid=os.getpid(), root=info.root,
@@ -426,14 +439,14 @@ class Recorder:
         now, run = bindparam("now"), bindparam("run_id")
         ins = self._insert(IMAGES).values(
             run_id=run, rel_path=bindparam("rel"), sha256=bindparam("sha"), model=bindparam("model"),
-            size=bindparam("size"), status=bindparam("status"), attempts=bindparam("inc"), error=None,
-            created_at=now, updated_at=now)
+            size=bindparam("size"), stamp=bindparam("stamp"), status=bindparam("status"), attempts=bindparam("inc"),
+            error=None, created_at=now, updated_at=now)
         upsert = ins.on_conflict_do_update(
             index_elements=[IMAGES.c.rel_path, IMAGES.c.sha256, IMAGES.c.model],
             # attempts count towards quarantine until the image is done; a done image processed again
             # (a soak's replay, a new version of the model's file) starts a fresh count
             set_=dict(run_id=ins.excluded.run_id, status=ins.excluded.status, error=None,
-                      updated_at=ins.excluded.updated_at,
+                      updated_at=ins.excluded.updated_at, stamp=ins.excluded.stamp,
                       attempts=case((IMAGES.c.status == JobStatus.DONE.value, ins.excluded.attempts),
                                     else_=IMAGES.c.attempts + ins.excluded.attempts)),
             # two workers on one folder (two `run`s sharing a database): an image in another live worker's
@@ -451,8 +464,14 @@ class Recorder:
         finish = update(IMAGES).where(IMAGES.c.id == bindparam("image_id")).values(
             status=bindparam("status"), error=bindparam("error"), updated_at=bindparam("now"),
             attempts=case((IMAGES.c.attempts == 0, 1), else_=IMAGES.c.attempts) - bindparam("undo", type_=Integer))
+        # a stamp is recorded on the image's row only when that row is this root's (see Ledger.check_stamp)
+        restamp = update(IMAGES).where(
+            IMAGES.c.rel_path == bindparam("rel"), IMAGES.c.sha256 == bindparam("sha"),
+            IMAGES.c.model == bindparam("model"),
+            IMAGES.c.run_id.in_(select(Run.id).where(Run.root == bindparam("root")))).values(stamp=bindparam("stamp"))
         dialect = self.engine.dialect
-        self._hot = {"upsert": _Hot(upsert, dialect), "finish": _Hot(finish, dialect)}
+        self._hot = {"upsert": _Hot(upsert, dialect), "finish": _Hot(finish, dialect),
+                     "restamp": _Hot(restamp, dialect)}
         for table, columns in ((RESULTS, ("image_id", "task", "score", "payload", "json_path", "mask_path")),
                                (LABELS, ("image_id", "class_id", "name", "score")),
                                (TIMINGS, tuple(c.key for c in TIMINGS.columns))):
@@ -465,14 +484,17 @@ class Recorder:
         finishes: list[tuple[Finished, tuple[int, bool] | None]] = []  # None: its id comes from this batch
         samples: list[dict[str, Any]] = []
         claimed_now: list[tuple[str, str]] = []
+        restamps: list[dict[str, Any]] = []
         for e in batch:
-            if isinstance(e, Sample):
+            if isinstance(e, Restamped):
+                restamps.append(dict(rel=e.rel, sha=e.sha256, model=self.model, root=self.root, stamp=e.stamp))
+            elif isinstance(e, Sample):
                 samples.append(dict(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds, threads=e.threads,
                                     queue_depth=e.queue_depth, images_done=e.images_done, gpu_bytes=e.gpu_bytes))
             elif isinstance(e, Claimed):
                 self._claimed[(e.rel, e.sha256)] = None  # its id is filled in below
                 claimed_now.append(e)
-                claims.append(self._claim_params(e.rel, e.sha256, e.size, 1, now, e.take_over, e.redo))
+                claims.append(self._claim_params(e.rel, e.sha256, e.size, 1, now, e.take_over, e.redo, e.stamp))
             else:
                 known = self._claimed.pop((e.rel, e.sha256), _UNCLAIMED)
                 if known is _UNCLAIMED:  # failed before its claim (unreadable file, quarantined): a row all the same
@@ -520,10 +542,12 @@ class Recorder:
                     self._hot[table.name].run(conn, values)
             if samples:
                 conn.execute(insert(SAMPLES), samples)
+            if restamps:
+                self._hot["restamp"].run(conn, restamps)
 
     def _claim_params(self, rel: str, sha256: str, size: int, inc: int, now: datetime, force: bool,
-                      redo: bool) -> dict[str, Any]:
-        return dict(run_id=self.run_id, rel=rel, sha=sha256, model=self.model, size=size,
+                      redo: bool, stamp: str | None = None) -> dict[str, Any]:
+        return dict(run_id=self.run_id, rel=rel, sha=sha256, model=self.model, size=size, stamp=stamp,
                     status=JobStatus.PROCESSING.value, inc=inc, now=now, force=int(force), redo=int(redo),
                     stale_before=now - timedelta(seconds=STALE_CLAIM_S))
 
@@ -551,6 +575,8 @@ def _describe(event: Event) -> str:
         return f"the claim of {event.rel}"
     if isinstance(event, Finished):
         return f"the outcome of {event.rel} ({event.status.value})"
+    if isinstance(event, Restamped):
+        return f"the file stamp of {event.rel}"
     return "a memory sample"
 
 

@@ -72,6 +72,9 @@ class ImageRow(Base):
     sha256: Mapped[str] = mapped_column(String(64))
     model: Mapped[str] = mapped_column(String(255))
     size: Mapped[int] = mapped_column(BigInteger)
+    # "inode:mtime_ns:ctime_ns" of the file as it was read for this content (POSIX; None before 0003):
+    # the same size and stamp under the same run root is this content, known without reading it again
+    stamp: Mapped[str | None] = mapped_column(String(80))
     status: Mapped[str] = mapped_column(String(16))  # JobStatus values
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text)
