@@ -66,9 +66,12 @@ def test_watch_deletes_done_inputs_and_archives_failed_ones(cfg, samples: Path) 
     assert (cfg.outbox / "coffee.png.json").is_file()
 
 
-def test_watch_keeps_inputs_and_rescans_do_not_read_them_again(cfg, samples: Path) -> None:
+def test_watch_keeps_inputs_and_rescans_do_not_read_them_again(cfg, samples: Path, monkeypatch) -> None:
     """Kept inputs stay in the inbox; each rescan sees them, and the worker remembers they are done
     (before, every rescan would read and hash each one again and count it as skipped)."""
+    from worker.store import ledger
+
+    monkeypatch.setattr(ledger, "SETTLED_S", 0.0)  # the files copied in count as settled: stamped when read
     cfg = _inputs(cfg, watch="keep")
     cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, rescan_interval_s=0.2, settle_s=0.1))
     cfg.inbox.mkdir(parents=True)

@@ -89,7 +89,11 @@ def pg_url(pg_server: Server) -> str:
     return pg_server.url
 
 
-def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Path, pg_url: str) -> None:
+def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Path, pg_url: str,
+                                                monkeypatch) -> None:
+    from worker.store import ledger
+
+    monkeypatch.setattr(ledger, "SETTLED_S", 0.0)  # the files copied in count as settled: stamped when read
     folder = tmp_path / "in"
     folder.mkdir()
     for name in ("rocket.jpg", "coffee.png", "chelsea.png"):

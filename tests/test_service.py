@@ -143,7 +143,7 @@ def test_a_new_version_of_the_model_file_processes_done_images_again(cfg, tmp_pa
 
 
 def test_a_rerun_knows_unchanged_files_without_reading_them(cfg, tmp_path: Path, samples: Path,
-                                                            effnet_onnx: Path) -> None:
+                                                            effnet_onnx: Path, monkeypatch) -> None:
     """A file whose size and stamp (inode, mtime, ctime) are those of the read that was processed is
     done without being read again; any change to it, even one that keeps its size and mtime, or another
     folder with the same names and contents, is read (and its content decides)."""
@@ -152,6 +152,10 @@ def test_a_rerun_knows_unchanged_files_without_reading_them(cfg, tmp_path: Path,
 
     import cv2
 
+    from worker.store import ledger
+
+    # files written this second count as settled (they are not written to while the test reads them)
+    monkeypatch.setattr(ledger, "SETTLED_S", 0.0)
     cfg = dataclasses.replace(cfg, model="efficientnet-lite0")
     folder = tmp_path / "in"
     (folder / "sub").mkdir(parents=True)
@@ -182,3 +186,23 @@ def test_a_rerun_knows_unchanged_files_without_reading_them(cfg, tmp_path: Path,
     other = tmp_path / "copy"
     shutil.copytree(folder, other, copy_function=shutil.copy2)  # same names, contents and mtimes elsewhere
     assert figures(other) == (0, 1, 3, 0)
+
+
+def test_a_file_changed_just_before_its_read_gets_no_stamp(cfg, tmp_path: Path, samples: Path, effnet_onnx: Path,
+                                                           monkeypatch) -> None:
+    """File times tick coarsely: a write in the same tick as the read would leave the stamp as it was. A
+    file changed within SETTLED_S of its read is read again next time (and stamped then, once settled)."""
+    import dataclasses
+
+    from worker.store import ledger
+
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(samples / "coffee.png", folder / "coffee.png")
+    monkeypatch.setattr(ledger, "SETTLED_S", 3600.0)  # every file here changed "just now"
+    figures = [run_folder(cfg, folder).figures for _ in range(2)]
+    assert [(f["done"], f["skipped"], f["skipped_unread"]) for f in figures] == [(1, 0, 0), (0, 1, 0)]
+    monkeypatch.setattr(ledger, "SETTLED_S", 0.0)  # settled now: read once more and stamped, then known
+    figures = [run_folder(cfg, folder).figures for _ in range(2)]
+    assert [(f["done"], f["skipped"], f["skipped_unread"]) for f in figures] == [(0, 1, 0), (0, 1, 1)]

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,11 +45,20 @@ _BY_STAMP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.mode
              .order_by(ImageRow.updated_at.desc()))  # the latest first (fetchone)
 
 
+# a file changed less than this long ago gets no stamp: file times tick coarsely (a few ms on ext4, 1 s or
+# 2 s on some filesystems), so a write in the same tick as the read would leave the stamp as it was
+# (git's "racily clean" index entries); such a file is read next time, and stamped then
+SETTLED_S = 2.0
+
+
 def stamp_of(st: os.stat_result) -> str | None:
     """A file's "inode:mtime_ns:ctime_ns": any write to it, or a file put in its place, changes it (the
-    change time cannot be set back by tools that keep a modification time). None where st_ctime is the
-    creation time (Windows)."""
-    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}" if os.name == "posix" else None
+    change time cannot be set back by tools that keep a modification time). None for a file changed
+    within SETTLED_S (or in the future: another host's clock), and where st_ctime is the creation time
+    (Windows)."""
+    if os.name != "posix" or time.time() - st.st_ctime_ns / 1e9 < SETTLED_S:
+        return None
+    return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 class Ledger:
