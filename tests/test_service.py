@@ -106,10 +106,10 @@ def test_images_left_in_flight_by_a_dead_worker_go_first_and_alone(cfg, tmp_path
     assert last_suspect <= first_other  # both finished before any other image finished
 
 
-def test_a_new_version_of_the_model_file_processes_done_images_again(cfg, tmp_path: Path, samples: Path,
-                                                                      effnet_onnx: Path) -> None:
-    """Done means done with this model file: after retraining (a new file under the same card) a rerun
-    must not skip every image as already done with the old weights."""
+def test_a_new_model_file_or_new_card_settings_process_done_images_again(cfg, tmp_path: Path, samples: Path,
+                                                                         effnet_onnx: Path) -> None:
+    """Done means done with this model file and these card settings: after retraining (a new file under
+    the same card), or a corrected threshold, a rerun must not skip every image as already done."""
     import dataclasses
 
     import onnx
@@ -140,6 +140,16 @@ def test_a_new_version_of_the_model_file_processes_done_images_again(cfg, tmp_pa
         assert c.execute(select(ImageRow.attempts)).scalars().all() == [1, 1]  # a fresh count, not 2
         assert c.scalar(select(func.count()).select_from(ResultRow)) == 2  # replaced, never two
     db.dispose()
+
+    # the same file under corrected card settings (here the threshold for `uncertain`): processed again;
+    # a new description shapes no result: skipped
+    text = (card / "model.yaml").read_text()
+    (card / "model.yaml").write_text(text.replace("postprocess: {output: logits}", "postprocess: {output: logits, "
+                                                                                 "threshold: 0.99}"))
+    assert figures() == (2, 0) and figures() == (0, 2)
+    assert all(json.loads((cfg.outbox / f"{n}.json").read_text())["uncertain"] for n in ("coffee.png", "chelsea.png"))
+    (card / "model.yaml").write_text((card / "model.yaml").read_text() + "description: my classifier\n")
+    assert figures() == (0, 2)
 
 
 def test_a_rerun_knows_unchanged_files_without_reading_them(cfg, tmp_path: Path, samples: Path,

@@ -41,7 +41,7 @@ from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard
 from worker.outbox import Outbox, move_verified
 from worker.results import labels_of, top_score
-from worker.store.ledger import Ledger, stamp_of
+from worker.store.ledger import Known, Ledger, stamp_of
 from worker.store.recorder import Claimed, Commit, Finished, Recorder, Restamped
 from worker.tasks import TaskAdapter
 from worker.tasks.preprocess import Geometry, needed_size
@@ -330,12 +330,12 @@ class Pipeline:
         known = None if self.settings.replay else self._ledger.check(job.rel, item.sha256)
         redo = self.settings.replay
         if known is not None and known.status == JobStatus.DONE.value:
-            if known.model_sha256 == self.recorder.model_sha256:
+            if self._same_model(known):
                 item.skipped, item.data = True, None
                 if stamp is not None:  # read under a new stamp (touched, or done before stamps): note it
                     self.recorder.put(Restamped(job.rel, item.sha256, stamp))
                 return False
-            known, redo = None, True  # done with another version of the model's file (retrained): processed again
+            known, redo = None, True  # done with another model file (retrained) or card settings: processed again
         if known is not None and known.attempts >= self.settings.max_attempts:
             raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
@@ -348,8 +348,13 @@ class Pipeline:
         """Whether this file, unchanged since the read whose content was processed, is done with this
         model's file: then it need not be read (a rerun over a big folder, a restart with inputs kept)."""
         known = self._ledger.check_stamp(rel, size, stamp)
-        return known is not None and known.status == JobStatus.DONE.value and \
-            known.model_sha256 == self.recorder.model_sha256
+        return known is not None and known.status == JobStatus.DONE.value and self._same_model(known)
+
+    def _same_model(self, known: Known) -> bool:
+        """Whether an image's last processing used this ONNX file and these card settings (a run recorded
+        before card digests counts as these settings: an upgrade alone does not process everything again)."""
+        return known.model_sha256 == self.recorder.model_sha256 and \
+            known.card_sha256 in (None, self.recorder.card_sha256)
 
     def _decode(self, item: _Item) -> bool:
         job, data = item.job, item.data

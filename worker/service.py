@@ -18,7 +18,7 @@ from worker.intake.scan import walk
 from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
-from worker.models.card import ModelCard, find_card
+from worker.models.card import ModelCard, find_card, settings_digest
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.outbox import Outbox, remove_temporaries
@@ -87,6 +87,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                         memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
                         keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce)
     recorder = Recorder(db, RunInfo(mode=mode, root=str(root), model=card.name, model_sha256=sha256_file(onnx),
+                                    card_sha256=settings_digest(card),
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
     o = cfg.outputs
     outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays)

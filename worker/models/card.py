@@ -4,6 +4,8 @@ how to pre- and post-process for it. Parsed and validated once, with errors nami
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -99,6 +101,15 @@ class ModelCard:
 
     def label(self, class_id: int) -> str:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
+
+
+def settings_digest(card: ModelCard) -> str:
+    """sha256 of what in a card shapes the results besides the ONNX file: the task, the input, the pre-
+    and postprocessing and the labels (a rerun after any of these changed processes done images again;
+    the name, description, license and where the weights come from do not count)."""
+    shaping = {k: dataclasses.asdict(card)[k] for k in ("task", "input", "preprocess", "postprocess", "labels",
+                                                         "labels_source")}
+    return hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def load_card(path: Path) -> ModelCard:

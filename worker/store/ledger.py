@@ -28,16 +28,17 @@ class Known:
     attempts: int
     error: str | None
     model_sha256: str | None  # of the model file of the run that last processed the image
+    card_sha256: str | None  # of that run's card settings (None: recorded before migration 0003)
 
 
 log = logging.getLogger(__name__)
 
-_LOOKUP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256)
+_LOOKUP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256, Run.card_sha256)
            .join(Run, Run.id == ImageRow.run_id, isouter=True)
            .where(ImageRow.rel_path == bindparam("rel"), ImageRow.sha256 == bindparam("sha"),
                   ImageRow.model == bindparam("model")))
 # the same, found by the file's size and stamp under the run's root instead of its content
-_BY_STAMP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256)
+_BY_STAMP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256, Run.card_sha256)
              .join(Run, Run.id == ImageRow.run_id)
              .where(ImageRow.rel_path == bindparam("rel"), ImageRow.model == bindparam("model"),
                     ImageRow.size == bindparam("size"), ImageRow.stamp == bindparam("stamp"),
@@ -98,7 +99,7 @@ class Ledger:
             log.debug("ledger check of %s: the database cannot say (%s)", rel, e)
             self._drop_connection()  # broken, perhaps (a server restart): the next check connects anew
             return None
-        return Known(row[0], row[1], row[2], row[3]) if row else None
+        return Known(*row) if row else None
 
     def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)

@@ -106,6 +106,7 @@ class RunInfo:
     model_sha256: str
     providers: str
     config: dict[str, Any] = field(hash=False)
+    card_sha256: str = ""  # models.card.settings_digest ("": none recorded)
 
 
 class Commit:
@@ -203,11 +204,11 @@ class Recorder:
         self.engine = engine
         self.model = info.model
         self.root = info.root  # the inbox or the folder run: where the stamps recorded hold
-        self.model_sha256 = info.model_sha256
+        self.model_sha256, self.card_sha256 = info.model_sha256, info.card_sha256
         with Session(engine) as s, s.begin():
             run = Run(mode=info.mode, host=socket.gethostname(), pid=os.getpid(), root=info.root,
-                      model=info.model, model_sha256=info.model_sha256, providers=info.providers,
-                      config=info.config, version=__version__)
+                      model=info.model, model_sha256=info.model_sha256, card_sha256=info.card_sha256 or None,
+                      providers=info.providers, config=info.config, version=__version__)
             s.add(run)
             s.flush()
             self.run_id: int = run.id

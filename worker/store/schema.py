@@ -53,7 +53,10 @@ class Run(Base):
     pid: Mapped[int] = mapped_column(Integer)
     root: Mapped[str] = mapped_column(Text)  # the inbox or the folder being processed
     model: Mapped[str] = mapped_column(String(255))
-    model_sha256: Mapped[str] = mapped_column(String(64))
+    model_sha256: Mapped[str] = mapped_column(String(64))  # of the ONNX file
+    # of the card's settings that shape results (input, pre- and postprocessing, labels: card.settings_digest);
+    # None for runs recorded before migration 0003
+    card_sha256: Mapped[str | None] = mapped_column(String(64))
     providers: Mapped[str] = mapped_column(String(255))
     config: Mapped[dict] = mapped_column(JsonType)
     version: Mapped[str] = mapped_column(String(32))
