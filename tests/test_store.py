@@ -74,6 +74,10 @@ def test_query_filters_and_stats(cfg, tmp_path: Path, samples: Path) -> None:
     assert rels() == ["astronaut.png", *bad, "line3/page.png"]
     assert rels(status="failed") == bad
     assert rels(path="line3/*") == [*bad, "line3/page.png"]
+    # a file as the user sees it (the folder run joined to the relative path), or a glob on that
+    assert rels(path=str(folder / "line3" / "page.png")) == ["line3/page.png"]
+    assert rels(path=f"{folder}/line3/../astronaut.png") == ["astronaut.png"]
+    assert rels(path=f"{folder}/*/bad?.jpg") == bad[1:] and rels(path="/elsewhere/line3/page.png") == []
     assert rels(label="text", min_score=0.5) == ["line3/page.png"]
     assert rels(min_score=0.99999) == []
     assert rels(run_id=summary.run_id) == rels() and rels(run_id=summary.run_id + 1) == []

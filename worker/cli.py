@@ -203,7 +203,8 @@ def _cell(v: Any) -> str:
 
 @cli.command()
 @click.option("--status", type=click.Choice(["queued", "processing", "done", "failed"]))
-@click.option("--path", "path_glob", help="Glob on the relative path, e.g. 'line3/*.png'.")
+@click.option("--path", "path_glob", help="Glob on the relative path, e.g. 'line3/*.png', or on the file's full "
+                                           "path when it starts with /, e.g. /srv/scans/in/line3/a.png.")
 @click.option("--since", help="Updated at or after (ISO time, UTC if no zone).")
 @click.option("--until", help="Updated before (ISO time).")
 @click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
@@ -432,7 +433,7 @@ def export() -> None:
 
 @export.command("coco")
 @click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
-@click.option("--path", "path_glob", help="Glob on the relative path.")
+@click.option("--path", "path_glob", help="Glob on the relative path, or on the full path when it starts with /.")
 @click.option("--label", help="Only images with this predicted class name.")
 @click.option("--min-score", type=float, help="Only images with a box or region at or above this score.")
 @click.option("--model", help="Detection or segmentation model whose results are exported; its card names the "

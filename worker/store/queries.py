@@ -4,11 +4,12 @@ The per-image skip check is in ledger.py."""
 
 from __future__ import annotations
 
+import posixpath
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, func, select
+from sqlalchemy import Engine, and_, exists, func, select
 
 from worker.jobs import JobStatus
 from worker.metrics import percentiles, slope_per_hour
@@ -34,7 +35,7 @@ def glob_to_like(pattern: str) -> str:
 @dataclass(frozen=True)
 class Filters:
     status: str | None = None
-    path: str | None = None  # glob on the relative path
+    path: str | None = None  # glob on the relative path, or on the full path when absolute
     since: datetime | None = None
     until: datetime | None = None
     run_id: int | None = None
@@ -57,7 +58,11 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
     conds = []
     if f.status:
         conds.append(ImageRow.status == f.status)
-    if f.path:
+    if f.path and posixpath.isabs(f.path):  # a file as the user sees it: the run's root joined to the path
+        full = Run.root.concat("/").concat(ImageRow.rel_path)
+        conds.append(exists().where(Run.id == ImageRow.run_id,
+                                    full.like(glob_to_like(posixpath.normpath(f.path)), escape="\\")))
+    elif f.path:
         conds.append(ImageRow.rel_path.like(glob_to_like(f.path), escape="\\"))
     if f.since:
         conds.append(ImageRow.updated_at >= f.since)
