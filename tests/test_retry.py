@@ -16,7 +16,7 @@ from worker.store.queries import Filters
 
 
 def test_a_quarantined_image_is_retried_once_its_cause_is_fixed(cfg, tmp_path: Path, samples: Path,
-                                                               effnet_onnx: Path) -> None:
+                                                               effnet_onnx: Path, caplog) -> None:
     # a pixel limit too low for coffee.png (600x400), not for page.png (384x191); one attempt each
     low = dataclasses.replace(cfg.pipeline, max_pixels=100_000, max_attempts=1)
     cfg = dataclasses.replace(cfg, model="efficientnet-lite0", pipeline=low)
@@ -24,6 +24,7 @@ def test_a_quarantined_image_is_retried_once_its_cause_is_fixed(cfg, tmp_path: P
     shutil.copy(samples / "coffee.png", cfg.inbox / "sub" / "coffee.png")
     shutil.copy(samples / "page.png", cfg.inbox / "page.png")
     assert watch(cfg, threading.Event(), burst=True).figures["failed"] == 1
+    assert "warm-up" not in caplog.text  # its synthetic photo is made within the pixel limit
     failed = cfg.archive / "failed" / "sub" / "coffee.png"
     assert failed.is_file() and (cfg.archive / "done" / "page.png").is_file()
 

@@ -676,7 +676,9 @@ def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int) -> Non
 
     The first calls into OpenCV's codecs and resizers and into numpy's kernels cost tens of
     milliseconds (more on big images); without this the first real image would pay them."""
-    image = np.random.default_rng(0).integers(0, 256, (1080, 1920, 3), dtype=np.uint8)
+    scale = min(1.0, (max_pixels / (1920 * 1080)) ** 0.5) if max_pixels else 1.0  # within the pixel limit
+    h, w = max(1, int(1080 * scale)), max(1, int(1920 * scale))
+    image = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
     try:
         ok, jpeg = cv2.imencode(".jpg", image)
         x, geometry = adapter.preprocess(decode(jpeg.tobytes(), "warm-up", max_pixels))
