@@ -96,8 +96,9 @@ def check_outcome(tmp: Path, rels: list[str]) -> None:
             assert status == "done", (rel, status, error)
             doc = tmp / "outbox" / f"{rel}.json"
             assert doc.exists() and doc.read_text().rstrip().endswith("}"), rel
-    outs = [p for p in (tmp / "outbox").rglob("*") if p.is_file()]
-    assert len(outs) == N_IMAGES, "exactly one complete set of outputs per done image"
+    outs = sorted(p.relative_to(tmp / "outbox").as_posix() for p in (tmp / "outbox").rglob("*") if p.is_file())
+    expected = sorted(f"{rel}.error.json" if rel.startswith("bad_") else f"{rel}.json" for rel in rels)
+    assert outs == expected, "exactly one complete outcome per input: results when done, the reason when failed"
     assert not [p for p in tmp.rglob(".tmp-*")], "no temporary files remain"
 
 

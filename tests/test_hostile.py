@@ -50,7 +50,12 @@ def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
     assert doc["image"] == {"width": h, "height": w}, "EXIF orientation applied: the result is in upright coordinates"
     assert json.loads((effcfg.outbox / "--help.png.json").read_text())["task"] == "classify"
     assert (effcfg.outbox / "ünïcødé 画像.jpg.json").exists()
-    assert not list(effcfg.outbox.rglob("link_outside*")), "nothing written for the symlink"
+    # for the symlink only the reason it was refused, and every failed input has its reason in the outbox
+    assert [p.name for p in effcfg.outbox.rglob("link_outside*")] == ["link_outside.jpg.error.json"]
+    for rel, (status, reason) in expected.items():
+        error = effcfg.outbox / f"{rel}.error.json"
+        assert error.exists() == (status == "failed"), rel
+        assert status != "failed" or reason in json.loads(error.read_text())["error"], rel
 
 
 def test_hostile_corpus_watch(effcfg, samples: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -22,6 +23,21 @@ def test_writes_json_and_mask_without_temporaries(tmp_path: Path) -> None:
     assert (json_rel, mask_rel) == ("a/b.png.json", "a/b.png.mask.png")
     assert (tmp_path / "out/a/b.png.json").read_text().startswith("{")
     assert not list((tmp_path / "out").rglob(".tmp-*"))
+
+
+def test_each_name_holds_its_latest_outcome_results_or_an_error(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "out", write_overlays=True)
+    out = tmp_path / "out" / "a"
+    box.write("a/b.png", Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9), {"x": 1})
+    assert sorted(p.name for p in out.iterdir()) == ["b.png.json", "b.png.mask.png"]
+    # new content under the name fails: its error in place of the earlier content's results
+    assert box.write_error("a/b.png", {"error": "not an image"}) == "a/b.png.error.json"
+    assert [p.name for p in out.iterdir()] == ["b.png.error.json"]
+    assert json.loads((out / "b.png.error.json").read_text()) == {"error": "not an image"}
+    box.write("a/b.png", Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9), {"x": 2})  # done at last
+    assert sorted(p.name for p in out.iterdir()) == ["b.png.json", "b.png.mask.png"]
+    assert Outbox(tmp_path / "quiet", write_errors=False).write_error("c.png", {}) is None
+    assert not list((tmp_path / "quiet").iterdir())
 
 
 def test_paths_cannot_escape(tmp_path: Path) -> None:

@@ -55,6 +55,17 @@ def test_run_processes_records_and_resumes(cfg, tmp_path: Path, samples: Path) -
     (folder / "page.png").write_bytes((samples / "text.png").read_bytes())  # new content, same name
     third = run_folder(cfg, folder)
     assert third.figures["done"] == 1 and third.figures["skipped"] == 2
+
+    # the outbox holds each name's latest outcome: a failure's reason, then results once it is done
+    error = json.loads((cfg.outbox / "broken.jpg.error.json").read_text())
+    assert error["status"] == "failed" and "Truncated" in error["error"] and error["input"] == "broken.jpg"
+    assert not (cfg.outbox / "broken.jpg.json").exists()
+    shutil.copy(samples / "rocket.jpg", folder / "broken.jpg")
+    assert run_folder(cfg, folder).figures["done"] == 1
+    assert (cfg.outbox / "broken.jpg.json").exists() and not (cfg.outbox / "broken.jpg.error.json").exists()
+    (folder / "page.png").write_bytes(b"not a png any more")
+    assert run_folder(cfg, folder).figures["failed"] == 1
+    assert sorted(p.name for p in cfg.outbox.glob("page.png*")) == ["page.png.error.json"]
     db.dispose()
 
 

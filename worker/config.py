@@ -75,6 +75,7 @@ class OutputConfig:
     masks: bool = True  # <outbox>/<rel>.mask.png for segmentation models
     yolo_txt: bool = False  # <outbox>/<rel>.txt for detection models: class cx cy w h score (normalised)
     overlays: bool = False  # <outbox>/<rel>.overlay.jpg: the result drawn on the image
+    errors: bool = True  # <outbox>/<rel>.error.json for a failed image, in place of its results
 
 
 @dataclass(frozen=True)

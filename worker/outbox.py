@@ -65,16 +65,23 @@ def write_atomic(path: Path, data: bytes) -> None:
         raise
 
 
+# what an image's outcome leaves in the outbox: its results, or the reason it failed
+RESULT_SUFFIXES = (".json", ".mask.png", ".txt", ".overlay.jpg")
+ERROR_SUFFIX = ".error.json"
+
+
 class Outbox:
-    """Writes <outbox>/<rel>.json and, as configured, .mask.png, .txt (YOLO) and .overlay.jpg."""
+    """Writes <outbox>/<rel>.json and, as configured, .mask.png, .txt (YOLO) and .overlay.jpg; or, for a
+    failed image, <rel>.error.json. The outbox holds each name's latest outcome: results or an error."""
 
     def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True, write_yolo_txt: bool = False,
-                 write_overlays: bool = False) -> None:
+                 write_overlays: bool = False, write_errors: bool = True) -> None:
         self.root = root
         self.write_json = write_json
         self.write_masks = write_masks
         self.write_yolo_txt = write_yolo_txt
         self.write_overlays = write_overlays
+        self.write_errors = write_errors
         root.mkdir(parents=True, exist_ok=True)
 
     def _inside(self, rel: str) -> Path:
@@ -92,6 +99,18 @@ class Outbox:
             if e.errno in FULL:
                 raise OutboxFull(f"{self.root}: {e.strerror}") from e
             raise
+
+    def write_error(self, rel: str, document: dict[str, Any]) -> str | None:
+        """Write <rel>.error.json (the reason an image failed) and remove the results an earlier content
+        under this name left (they are not this file's; the database keeps them). Returns its path
+        relative to the outbox, None when not configured."""
+        if not self.write_errors:
+            return None
+        error_rel = rel + ERROR_SUFFIX
+        write_atomic(self._inside(error_rel), json.dumps(document, ensure_ascii=False).encode())
+        for suffix in RESULT_SUFFIXES:
+            self._inside(rel + suffix).unlink(missing_ok=True)
+        return error_rel
 
     def has_room(self, nbytes: int = ROOM_PROBE_BYTES) -> bool:
         """Whether a file of `nbytes` can be written under the root now (written, then removed)."""
@@ -123,6 +142,8 @@ class Outbox:
         if self.write_json:
             json_rel = rel + ".json"
             write_atomic(self._inside(json_rel), json.dumps(document, ensure_ascii=False).encode())
+        if self.write_errors:  # an earlier failure of this name (retried, or dropped again) is over
+            self._inside(rel + ERROR_SUFFIX).unlink(missing_ok=True)
         return json_rel, mask_rel
 
 

@@ -471,6 +471,7 @@ class Pipeline:
                 item.error = f"{type(e).__name__}: {e}"
         if item.error is not None:
             log.warning("failed: %s: %s", job.rel, item.error)
+            self._write_error(item)
             event = Finished(job.rel, item.sha256, item.size, JobStatus.FAILED, error=item.error,
                              timings=self._timings(item), committed=self._committed())
         self.recorder.put(event)
@@ -481,6 +482,15 @@ class Pipeline:
         else:
             self.counts.failed += 1
         return status, event.committed
+
+    def _write_error(self, item: _Item) -> None:
+        """The outbox's word on a failed image, for whoever collects results from it (not the database's)."""
+        document = {"input": item.job.rel, "sha256": item.sha256 or None, "model": self.card.name,
+                    "task": self.card.task, "status": JobStatus.FAILED.value, "error": item.error}
+        try:
+            self.outbox.write_error(item.job.rel, document)
+        except (OSError, WorkerError) as e:  # a full or read-only outbox: the failure is on record all the same
+            log.debug("no error file for %s: %s", item.job.rel, e)
 
     def _succeed(self, item: _Item, t0: float) -> Finished:
         job = item.job

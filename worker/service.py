@@ -90,7 +90,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                                     card_sha256=settings_digest(card),
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
     o = cfg.outputs
-    outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays)
+    outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors)
     for folder in (cfg.outbox, archive):
         if folder is not None and (n := remove_temporaries(folder)):
             log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
