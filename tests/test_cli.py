@@ -18,7 +18,7 @@ from tests.conftest import CACHE, ROOT, wait_for
 from worker.cli import cli
 
 COMMANDS = ["demo", "watch", "run", "query", "stats", "health", "soak", "bench", "export coco", "models list", "models pull",
-            "db upgrade", "db downgrade", "retry"]
+            "db upgrade", "db downgrade", "db prune", "retry"]
 
 
 def _leaf_commands(group=cli, prefix=""):

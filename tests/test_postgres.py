@@ -148,6 +148,16 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         finally:
             first_rec.close()
             second_rec.close()
+
+        # `worker db prune` on PostgreSQL: everything ended goes; the image left processing, and its run, stay
+        from datetime import datetime, timedelta, timezone
+
+        from worker.store.prune import prune, vacuum
+        pruned = prune(db, datetime.now(timezone.utc) + timedelta(days=1))
+        vacuum(db)
+        with db.connect() as conn:
+            assert pruned.images == 4 and conn.scalars(select(ImageRow.rel_path)).all() == ["held.png"]
+            assert conn.scalar(select(func.count()).select_from(ResultRow)) == 0
     finally:
         db.dispose()
 

@@ -13,7 +13,7 @@ import os
 import signal
 import sys
 import threading
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -561,11 +561,12 @@ def models_pull(ctx: click.Context, name: str) -> None:
 
 @cli.group()
 def db() -> None:
-    """Database migrations (they also run on every start).
+    """Database migrations (they also run on every start), and pruning.
 
     \b
     Example:
       worker db upgrade
+      worker db prune --before 90d
     """
 
 
@@ -603,6 +604,43 @@ def db_downgrade(ctx: click.Context, revision: str, db_url: str | None) -> None:
     cfg = _load(ctx, db=db_url)
     downgrade(make_engine(cfg.db), revision)
     click.echo(f"{cfg.db}: at revision {revision}")
+
+
+@db.command("prune")
+@click.option("--before", required=True,
+              help="Forget what is older than this: an age (90d, 12h) or an ISO date/time (2026-09-01).")
+@click.option("--vacuum", is_flag=True, help="Then give the space back to the filesystem (SQLite rewrites the file).")
+@click.option("--db", "db_url", help="Database URL (overrides config).")
+@click.pass_context
+def db_prune(ctx: click.Context, before: str, vacuum: bool, db_url: str | None) -> None:
+    """Delete the images (with their results, labels and timings), memory samples and finished runs
+    older than --before; images in flight are kept. A folder whose images were pruned is processed
+    again by `worker run`.
+
+    \b
+    Example:
+      worker db prune --before 90d
+      worker db prune --before 2026-09-01 --vacuum
+    """
+    from worker.store.db import open_db, sqlite_file
+    from worker.store.prune import prune, vacuum as vacuum_db
+
+    cfg = _load(ctx, db=db_url)
+    if before[:1].isdigit() and before[-1:] in "smhd" and "-" not in before:
+        cutoff = datetime.now(timezone.utc) - timedelta(seconds=_duration(before))
+    else:
+        cutoff = _parse_time(before)  # type: ignore[assignment]
+    engine = open_db(cfg.db, create=False)
+    path = sqlite_file(cfg.db)
+    size_before = path.stat().st_size if path is not None else None
+    done = prune(engine, cutoff)
+    if vacuum:
+        vacuum_db(engine)
+    click.echo(f"pruned {done.images} images (with their results, labels and timings), {done.samples} memory "
+               f"samples and {done.runs} runs from before {cutoff.isoformat(timespec='seconds')}")
+    if path is not None and size_before is not None:
+        click.echo(f"  {path}: {size_before / 1e6:.1f} -> {path.stat().st_size / 1e6:.1f} MB"
+                   + ("" if vacuum else " (freed pages are reused; --vacuum gives them back)"))
 
 
 @cli.command()

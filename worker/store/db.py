@@ -112,13 +112,19 @@ def downgrade(engine: Engine, revision: str) -> None:
         command.downgrade(cfg, revision)
 
 
+def sqlite_file(url: str) -> Path | None:
+    """The file of a SQLite URL (None for another database, or SQLite in memory)."""
+    u = _parse(url)
+    if u.get_backend_name() != "sqlite" or not u.database or u.database == ":memory:":
+        return None
+    return Path(u.database)
+
+
 def open_db(url: str, create: bool = True) -> Engine:
     """Engine with the schema migrated to the latest revision. `create=False` (the commands that only
     read) refuses a SQLite file that does not exist, instead of making an empty one at a mistyped path."""
-    u = _parse(url)
-    if not create and u.get_backend_name() == "sqlite" and u.database and u.database != ":memory:" \
-            and not Path(u.database).exists():
-        raise StoreError(f"no database at {Path(u.database).absolute()} (`worker run` or `worker watch` makes it; "
+    if not create and (path := sqlite_file(url)) is not None and not path.exists():
+        raise StoreError(f"no database at {path.absolute()} (`worker run` or `worker watch` makes it; "
                          f"--db or the config's db names another)")
     engine = make_engine(url)
     upgrade(engine)
