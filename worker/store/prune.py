@@ -35,17 +35,19 @@ def prune(db: Engine, before: datetime, batch: int = BATCH) -> Pruned:
     that refer to them), the memory samples taken before it, and the runs that ended before it and are
     no longer referred to."""
     ended = (JobStatus.DONE.value, JobStatus.FAILED.value)
+    # every statement writes (no read first): on SQLite a transaction that read, then writes after the
+    # recorder committed, fails at once ("database is locked") instead of waiting its busy timeout
+    chosen = (select(ImageRow.id).where(ImageRow.updated_at < before, ImageRow.status.in_(ended))
+              .order_by(ImageRow.id).limit(batch))
     images = 0
     while True:
         with db.begin() as c:
-            ids = c.execute(select(ImageRow.id).where(ImageRow.updated_at < before, ImageRow.status.in_(ended))
-                            .order_by(ImageRow.id).limit(batch)).scalars().all()
-            if not ids:
-                break
             for table in (LabelRow, ResultRow, TimingRow):
-                c.execute(delete(table).where(table.image_id.in_(ids)))
-            c.execute(delete(ImageRow).where(ImageRow.id.in_(ids)))
-            images += len(ids)
+                c.execute(delete(table).where(table.image_id.in_(chosen)))
+            n = c.execute(delete(ImageRow).where(ImageRow.id.in_(chosen))).rowcount
+        images += n
+        if n < batch:
+            break
     with db.begin() as c:
         samples = c.execute(delete(MemorySample).where(MemorySample.at < before)).rowcount
         unreferenced = ~exists().where(ImageRow.run_id == Run.id) & ~exists().where(TimingRow.run_id == Run.id) \
