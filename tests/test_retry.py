@@ -34,11 +34,11 @@ def test_a_quarantined_image_is_retried_once_its_cause_is_fixed(cfg, tmp_path: P
 
     cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(low, max_pixels=80_000_000))  # the cause, fixed
     db = open_db(cfg.db)
-    assert retry_failed(db, Filters(path="page.png"), cfg.archive).reset == 0  # nothing failed there
-    retried = retry_failed(db, Filters(), cfg.archive)
+    assert retry_failed(db, Filters(path="page.png")).reset == 0  # nothing failed there
+    retried = retry_failed(db, Filters())  # from the archive the watcher was configured with
     db.dispose()
     assert (retried.reset, retried.left) == (1, 0)
-    assert retried.moved == (("sub/coffee.png", cfg.inbox.absolute() / "sub" / "coffee.png"),)
+    assert retried.moved == ((failed.absolute(), cfg.inbox.absolute() / "sub" / "coffee.png"),)
     assert not failed.exists() and image_rows(cfg)["sub/coffee.png"].attempts == 0
 
     summary = watch(cfg, threading.Event(), burst=True)

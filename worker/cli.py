@@ -329,7 +329,8 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
 @click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
 @click.option("--model", help="Only images processed with this model card.")
 @click.option("--since", help="Failed at or after (ISO time, UTC if no zone).")
-@click.option("--archive", type=click.Path(path_type=Path), help="Where failed inputs were moved (overrides config).")
+@click.option("--archive", type=click.Path(path_type=Path),
+              help="Where failed inputs were moved (default: the archive each image's run was configured with).")
 @click.option("--db", "db", help="Database URL (overrides config).")
 @click.pass_context
 def retry(ctx: click.Context, path_glob: str | None, run_id: int | None, model: str | None, since: str | None,
@@ -348,14 +349,13 @@ def retry(ctx: click.Context, path_glob: str | None, run_id: int | None, model: 
     from worker.store.db import open_db
     from worker.store.queries import Filters
 
-    cfg = _load(ctx, db=db, archive=archive)
+    cfg = _load(ctx, db=db)
     filters = Filters(path=path_glob, run_id=run_id, model=model, since=_parse_time(since))
-    done = retry_failed(open_db(cfg.db, create=False), filters, cfg.archive)
-    click.echo(f"{done.reset} failed images: attempts reset; {len(done.moved)} inputs moved back from "
-               f"{cfg.archive / 'failed'}" + (f" ({done.left} not there: process their folder again)"
-                                                if done.left else ""))
-    for rel, where in done.moved:
-        click.echo(f"  {rel} -> {where}")
+    done = retry_failed(open_db(cfg.db, create=False), filters, archive.absolute() if archive else None)
+    click.echo(f"{done.reset} failed images: attempts reset; {len(done.moved)} inputs moved back from the "
+               f"archive" + (f" ({done.left} not there: process their folder again)" if done.left else ""))
+    for src, dst in done.moved:
+        click.echo(f"  {src} -> {dst}")
 
 
 def _nan_to_none(value: Any) -> Any:
