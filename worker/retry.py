@@ -47,15 +47,14 @@ def retry_failed(db: Engine, filters: Filters, archive: Path | None = None) -> R
         for i in range(0, len(ids), 500):  # bound the statement's parameters
             c.execute(update(ImageRow).where(ImageRow.id.in_(ids[i:i + 500]),
                                              ImageRow.status == JobStatus.FAILED.value).values(attempts=0))
-        runs = {run_id: (Path(root), archive or Path(config.get("archive") or "."))
+        runs = {run_id: (Path(root), archive or (Path(config["archive"]) if config.get("archive") else None))
                 for run_id, root, config in c.execute(select(Run.id, Run.root, Run.config)
                                                       .where(Run.id.in_({r["run_id"] for r in rows})))}
     moved: list[tuple[Path, Path]] = []
     for r in rows:
         rel = r["rel_path"]
         root, archived = runs[r["run_id"]]
-        src = inside(archived / "failed", rel)
-        if not src.is_file():
+        if archived is None or not (src := inside(archived / "failed", rel)).is_file():
             continue
         dst = inside(root, rel)
         if dst.exists():  # something is there already (the same image dropped again): leave both
