@@ -38,6 +38,15 @@ def test_every_command_documented_with_example() -> None:
         assert out.exit_code == 0 and "Example" in out.output, command
 
 
+def test_tables_show_paths_whole_and_cut_only_errors(capsys) -> None:
+    from worker.cli import _emit
+
+    deep = "/".join(["a_rather_long_folder_name"] * 4) + "/image.png"  # well over 60 characters
+    _emit([{"rel_path": deep, "onnx": "/" + deep, "error": "x" * 100}], "table", ["rel_path", "onnx", "error"])
+    out = capsys.readouterr().out
+    assert deep in out and "/" + deep in out and "x" * 57 + "..." in out and "x" * 58 not in out
+
+
 def _not_json(token: str) -> None:
     raise AssertionError(f"{token} is not JSON (strict parsers such as jq refuse it)")
 

@@ -186,19 +186,22 @@ def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[str]) -> None:
         w.writerows(rows)
         click.echo(buf.getvalue(), nl=False)
     else:
-        widths = {c: max([len(c)] + [len(_cell(r.get(c))) for r in rows]) for c in columns}
+        cells = [{c: _cell(r.get(c), c) for c in columns} for r in rows]
+        widths = {c: max([len(c)] + [len(r[c]) for r in cells]) for c in columns}
         click.echo("  ".join(c.ljust(widths[c]) for c in columns))
-        for r in rows:
-            click.echo("  ".join(_cell(r.get(c)).ljust(widths[c]) for c in columns))
+        for r in cells:
+            click.echo("  ".join(r[c].ljust(widths[c]) for c in columns))
 
 
-def _cell(v: Any) -> str:
+def _cell(v: Any, column: str = "") -> str:
     if v is None:
         return "-"
     if isinstance(v, float):
         return f"{v:.4g}"
     s = str(v)
-    return s if len(s) <= 60 else s[:57] + "..."
+    # only the error is cut to keep a table readable (the JSON and CSV have it whole); a path never is:
+    # its end, the file's name, is what the reader looks for
+    return s if column != "error" or len(s) <= 60 else s[:57] + "..."
 
 
 @cli.command()
