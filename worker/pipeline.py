@@ -483,10 +483,14 @@ class Pipeline:
             self.counts.failed += 1
         return status, event.committed
 
+    def _head(self, item: _Item, status: JobStatus) -> dict[str, Any]:
+        """The keys every outbox JSON starts with, result or error file (README, Outputs)."""
+        return {"input": item.job.rel, "sha256": item.sha256 or None, "model": self.card.name,
+                "task": self.card.task, "status": status.value}
+
     def _write_error(self, item: _Item) -> None:
         """The outbox's word on a failed image, for whoever collects results from it (not the database's)."""
-        document = {"input": item.job.rel, "sha256": item.sha256 or None, "model": self.card.name,
-                    "task": self.card.task, "status": JobStatus.FAILED.value, "error": item.error}
+        document = {**self._head(item, JobStatus.FAILED), "error": item.error}
         try:
             self.outbox.write_error(item.job.rel, document)
         except (OSError, WorkerError) as e:  # a full or read-only outbox: the failure is on record all the same
@@ -498,9 +502,7 @@ class Pipeline:
         t1 = time.perf_counter()
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
         item.timings["postprocess_ms"] = (t1 - t0) * 1000
-        # the JSON's common keys (README, Outputs); the task's own follow
-        document = {"input": job.rel, "sha256": item.sha256, "model": self.card.name, "task": self.card.task,
-                    "status": JobStatus.DONE.value, "image": {"width": w, "height": h}, **result.summary(),
+        document = {**self._head(item, JobStatus.DONE), "image": {"width": w, "height": h}, **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in _JSON_TIMINGS}}
         json_path, mask_path = self.outbox.write(job.rel, result, document, item.image)

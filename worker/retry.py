@@ -5,9 +5,9 @@ content fails at once, so a cause that has since been fixed (a pixel limit raise
 card corrected) never gets the image through. Retrying resets the attempts of the failed images that
 match the filters, commits that, and only then moves each one's input from `<archive>/failed/<rel>`
 (the archive that run was configured with, unless one is given) back to the inbox or folder of the
-run that failed it (a watcher takes it from there; a folder is
-processed by running `worker run` on it again). Inputs that are not in the archive (a `run` that keeps
-its inputs, or moved back already) are left as they are.
+run that failed it (a watcher takes it from there; a folder is processed by running `worker run` on it
+again). Inputs that are not in the archive (a `run` that keeps its inputs, or moved back already) are
+left as they are.
 """
 
 from __future__ import annotations

@@ -107,8 +107,8 @@ def settings_digest(card: ModelCard) -> str:
     """sha256 of what in a card shapes the results besides the ONNX file: the task, the input, the pre-
     and postprocessing and the labels (a rerun after any of these changed processes done images again;
     the name, description, license and where the weights come from do not count)."""
-    shaping = {k: dataclasses.asdict(card)[k] for k in ("task", "input", "preprocess", "postprocess", "labels",
-                                                         "labels_source")}
+    fields = dataclasses.asdict(card)
+    shaping = {k: fields[k] for k in ("task", "input", "preprocess", "postprocess", "labels", "labels_source")}
     return hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
 
 
