@@ -114,7 +114,7 @@ def test_a_multi_class_segmenter_writes_a_class_index_mask_and_per_class_fractio
     x, y, w, h = sky_ann["bbox"]
     assert (x + w, y, h, sky_ann["area"]) == (90, 0, 60, w * 60) and leaf_ann["score"] == by_name["leaf"]["score"]
     (polygon,) = sky_ann["segmentation"]
-    assert sorted(zip(polygon[0::2], polygon[1::2])) == [(x, 0), (x, 59), (89, 0), (89, 59)]  # its band's corners
+    assert sorted(zip(polygon[0::2], polygon[1::2])) == [(x, 0), (x, 60), (90, 0), (90, 60)]  # its band's corners
 
 
 def test_a_one_map_segmenter_that_outputs_logits_takes_a_sigmoid(own) -> None:

@@ -111,10 +111,29 @@ def _region_shapes(mask: np.ndarray, regions: list[dict[str, Any]]) -> dict[int,
         k = index.get((x1, y1, x2, y2, region["pixels"]))
         if k is None:
             continue
-        part = (labels[y1:y2, x1:x2] == k).view(np.uint8)
-        contours, _ = cv2.findContours(part, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE, offset=(x1, y1))
-        polygons = [c.reshape(-1).tolist() for c in contours if len(c) >= 3]
-        # a region one pixel thin traces to fewer than 3 points: its box stands in (pixel indices, as the
-        # traced points are)
-        shapes[i] = polygons or [[x1, y1, x2 - 1, y1, x2 - 1, y2 - 1, x1, y2 - 1]]
+        shapes[i] = edge_polygons((labels[y1:y2, x1:x2] == k).view(np.uint8), (x1, y1))
     return shapes
+
+
+def edge_polygons(part: np.ndarray, offset: tuple[int, int] = (0, 0)) -> list[list[int]]:
+    """COCO polygons ([x, y, x, y, ...]) of a 0/1 uint8 (h, w) mask's outlines, along pixel edges.
+
+    COCO's coordinates are continuous, pixel (x, y) covering [x, x+1) x [y, y+1) (bbox, and how
+    pycocotools rasterises a polygon); OpenCV traces the centres of the boundary pixels, which read as
+    COCO shrink every region by half a pixel all round (a 10x10 square came back as 81 pixels, a line
+    one pixel thin as none). Traced at twice the size, a boundary's centres sit at 2a (its first pixel's
+    left or top half) and 2b+1 (its last pixel's right or bottom half): (c + 1) // 2 maps both to the
+    pixel edges a and b+1. Holes are not polygons in COCO: an outline comes back filled."""
+    big = cv2.resize(part, None, fx=2, fy=2, interpolation=cv2.INTER_NEAREST)
+    contours, _ = cv2.findContours(big, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
+    polygons = []
+    for c in contours:
+        p = (c.reshape(-1, 2) + 1) // 2
+        p = p[np.any(p != np.roll(p, 1, axis=0), axis=1)]  # the doubled trace's one-step corners collapse
+        before, after = np.roll(p, 1, axis=0), np.roll(p, -1, axis=0)
+        d1, d2 = p - before, after - p
+        straight = (d1[:, 0] * d2[:, 1] - d1[:, 1] * d2[:, 0] == 0) & ((d1 * d2).sum(axis=1) > 0)
+        p = p[~straight] + np.asarray(offset)  # mid-edge points go; corners, and turns back, stay
+        if len(p) >= 3:
+            polygons.append(p.reshape(-1).tolist())
+    return polygons
