@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 from pycocotools import mask as coco_mask
+from pycocotools.coco import COCO
 
 from tests.test_cli import cli_run
 from worker.cli import cli
@@ -67,6 +68,7 @@ def test_a_segmenters_regions_export_as_coco_polygons_that_pycocotools_reads_bac
     doc = json.loads((tmp_path / "coco.json").read_text())
     assert doc["categories"] == [{"id": 0, "name": "text"}] and len(doc["images"]) == 3
     outbox = tmp_path / "outbox"
+    api = COCO(str(tmp_path / "coco.json"))  # the file as COCO tools load it
     for image in doc["images"]:
         result = json.loads((outbox / f"{image['file_name']}.json").read_text())
         anns = [a for a in doc["annotations"] if a["image_id"] == image["id"]]
@@ -81,7 +83,7 @@ def test_a_segmenters_regions_export_as_coco_polygons_that_pycocotools_reads_bac
             for p in a["segmentation"]:
                 xs, ys = p[0::2], p[1::2]
                 assert (min(xs), min(ys), max(xs), max(ys)) == (x, y, x + bw, y + bh)  # the outline spans the box
-            region = rasterise(a["segmentation"], h, w)
+            region = api.annToMask(a).astype(bool)
             assert region.sum() >= a["area"] and not (drawn & region).any()  # holes filled; regions apart
             drawn |= region
         assert np.array_equal(drawn, filled(mask)), image["file_name"]  # every pixel, nothing more
