@@ -78,6 +78,7 @@ def kill_rounds(conf: Path, args: list[str], rounds: int, rng: random.Random) ->
             proc.send_signal(signal.SIGKILL)
             killed += 1
         proc.wait(30)
+        proc.stderr.close()  # type: ignore[union-attr]
     return killed
 
 

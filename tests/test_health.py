@@ -110,6 +110,7 @@ def test_health_of_a_real_watcher_alive_then_killed(tmp_path: Path, samples: Pat
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
+        proc.stderr.close()  # type: ignore[union-attr]
     gone = worker(conf, "health")
     assert gone.returncode == 1 and "stopped without finishing" in gone.stdout, gone
     stats = worker(conf, "stats")
