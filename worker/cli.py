@@ -80,6 +80,15 @@ inputs_option = click.option(
          "ones are moved to the archive). Default: config inputs.watch (move) or inputs.run (keep).")
 
 
+# options the database commands share, worded once (a click option decorator makes a new Option each use)
+db_option = click.option("--db", "db", help="Database URL (overrides config).")
+path_filter = click.option("--path", "path_glob", help="Glob on the relative path, e.g. 'line3/*.png', or on the "
+                                                        "file's full path when it starts with /.")
+run_filter = click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
+model_filter = click.option("--model", help="Only images processed with this model card.")
+label_filter = click.option("--label", help="Only images with this predicted class name.")
+
+
 def with_paths(f: Callable[..., Any]) -> Callable[..., Any]:
     for opt in reversed(path_options):
         f = opt(f)
@@ -206,17 +215,16 @@ def _cell(v: Any, column: str = "") -> str:
 
 @cli.command()
 @click.option("--status", type=click.Choice(["queued", "processing", "done", "failed"]))
-@click.option("--path", "path_glob", help="Glob on the relative path, e.g. 'line3/*.png', or on the file's full "
-                                           "path when it starts with /, e.g. /srv/scans/in/line3/a.png.")
+@path_filter
 @click.option("--since", help="Updated at or after (ISO time, UTC if no zone).")
 @click.option("--until", help="Updated before (ISO time).")
-@click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
-@click.option("--label", help="Only images with this predicted class name.")
+@run_filter
+@label_filter
 @click.option("--min-score", type=float, help="Only images with a predicted class at or above this score.")
-@click.option("--model", help="Only images processed with this model card.")
+@model_filter
 @click.option("--limit", type=int, default=1000, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
-@click.option("--db", "db", help="Database URL (overrides config).")
+@db_option
 @click.pass_context
 def query(ctx: click.Context, status: str | None, path_glob: str | None, since: str | None, until: str | None,
           run_id: int | None, label: str | None, min_score: float | None, model: str | None, limit: int, fmt: str,
@@ -243,7 +251,7 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
 @click.option("--run", "run_id", type=int, help="One run (default: the last --last runs).")
 @click.option("--last", type=int, default=5, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--db", "db", help="Database URL (overrides config).")
+@db_option
 @click.option("--warmup", default=None, help="Left out of the RSS slopes: 90s, 10m (default: metrics.warmup_s).")
 @click.pass_context
 def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str | None, warmup: str | None) -> None:
@@ -297,7 +305,7 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
 @click.option("--stalled-after", default="5m", show_default=True,
               help="Images in flight and none finished for this long: stalled (90s, 10m).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-@click.option("--db", "db", help="Database URL (overrides config).")
+@db_option
 @click.pass_context
 def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_after: str, fmt: str,
            db: str | None) -> None:
@@ -328,13 +336,13 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
 
 
 @cli.command()
-@click.option("--path", "path_glob", help="Glob on the relative path, or on the full path when it starts with /.")
-@click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
-@click.option("--model", help="Only images processed with this model card.")
+@path_filter
+@run_filter
+@model_filter
 @click.option("--since", help="Failed at or after (ISO time, UTC if no zone).")
 @click.option("--archive", type=click.Path(path_type=Path),
               help="Where failed inputs were moved (default: the archive each image's run was configured with).")
-@click.option("--db", "db", help="Database URL (overrides config).")
+@db_option
 @click.pass_context
 def retry(ctx: click.Context, path_glob: str | None, run_id: int | None, model: str | None, since: str | None,
           archive: Path | None, db: str | None) -> None:
@@ -469,14 +477,14 @@ def export() -> None:
 
 
 @export.command("coco")
-@click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
-@click.option("--path", "path_glob", help="Glob on the relative path, or on the full path when it starts with /.")
-@click.option("--label", help="Only images with this predicted class name.")
+@run_filter
+@path_filter
+@label_filter
 @click.option("--min-score", type=float, help="Only images with a box or region at or above this score.")
 @click.option("--model", help="Detection or segmentation model whose results are exported; its card names the "
                              "categories (default: the config's model).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout).")
-@click.option("--db", "db", help="Database URL (overrides config).")
+@db_option
 @click.option("--outbox", type=click.Path(path_type=Path), help="Where the masks are (overrides config).")
 @click.pass_context
 def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, label: str | None,
