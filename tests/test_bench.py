@@ -8,8 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from worker.bench import Steady, _create_cost, _steady, make_corpus
+from tests.conftest import ROOT
+from worker.bench import Steady, _create_cost, _steady, make_corpus, plain_preprocess
 from worker.images import decode
+from worker.models.card import find_card
+from worker.tasks.preprocess import prepare
 
 
 def test_corpus_is_jpegs_of_the_asked_width(samples: Path, tmp_path: Path) -> None:
@@ -43,3 +46,17 @@ def test_steady_checks_its_arrays() -> None:
         Steady(pipeline_ms=np.ones(3), landed_ms=np.ones(2))
     with pytest.raises(ValueError, match="shapes"):
         Steady(pipeline_ms=np.ones(0), landed_ms=np.ones(0))
+
+
+@pytest.mark.parametrize("model", ["efficientnet-lite0", "yolov3-tiny", "ppocr-det"])  # crop, letterbox, stretch
+def test_the_naive_loops_plain_preprocessing_makes_the_workers_tensor(samples: Path, model: str) -> None:
+    card = find_card(ROOT / "models", model)
+    size = (card.input.size[0], card.input.size[1])
+    for name in ("coffee.png", "page.png", "astronaut.png"):
+        image = decode((samples / name).read_bytes(), name, 0)
+        plain, plain_geo = plain_preprocess(image, card.preprocess, size)
+        ours, geo = prepare(image, card.preprocess, size)
+        assert plain.shape == ours.shape == (3, *size) and plain.dtype == ours.dtype == np.float32
+        # the same pixels; dividing by std instead of multiplying by 1/std differs in the last bit at most
+        np.testing.assert_allclose(plain, ours, rtol=1e-6, atol=1e-6)
+        assert plain_geo == geo

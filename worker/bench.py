@@ -6,7 +6,8 @@ For each corpus (the demo images resized to 640 and 1920 px wide, saved as JPEG)
      ("parallel": what the pipeline's inference threads do; memory-heavy models do not scale to
      cores x the 1-thread rate);
   B  the naive sequential loop a user would write (read, decode, preprocess, run, postprocess, write JSON
-     into a new folder, as C does);
+     into a new folder, as C does), its preprocessing plain numpy as the issue's baseline scripts had it;
+     B' the same loop with the worker's own preprocessing (faster): C/B' is the stricter ratio;
   C  `worker run` itself (a fresh process), default config, database and outbox writes on;
 and the per-stage costs on one thread (20 images), from which the limit is
   limit          = cores / (1/bare_1_thread + t_decode + t_preprocess + t_postprocess)   (the issue's)
@@ -41,12 +42,13 @@ import onnxruntime as ort
 
 from worker.config import Config
 from worker.images import decode
-from worker.models.card import find_card
+from worker.models.card import Preprocess, find_card
 from worker.models.pull import pull, with_labels
 from worker.samples import fetch_samples
 from worker.store.db import open_db
 from worker.store.queries import run_stats
 from worker.tasks import adapter_for
+from worker.tasks.preprocess import Geometry
 
 
 @dataclass(frozen=True)
@@ -63,9 +65,11 @@ class CorpusResult:
     postprocess_ms: float
     limit: float  # the issue's: cores / (1/bare_1t + stages)
     limit_parallel: float  # the same with inference at bare_parallel: cores / (cores/bare_parallel + stages)
-    naive: float
+    naive: float  # B: the loop with plain preprocessing
+    naive_worker_pre: float  # B': the same loop with the worker's preprocessing
     worker: float
     ratio_naive: float  # C/B, median of the rounds' ratios
+    ratio_naive_worker_pre: float  # C/B', median of the rounds' ratios
     worker_p50_ms: float
     worker_p99_ms: float
     worker_rss_peak_mb: float
@@ -93,7 +97,9 @@ class _Round:
     one_t: float
     parallel: float
     stages_ms: tuple[float, float, float]  # decode, preprocess, postprocess on one thread
+    plain_pre_ms: float  # B's plain preprocessing on one thread
     naive: float
+    naive_worker_pre: float
     worker: dict[str, float]
     rss_peak: float
     limit: float
@@ -107,6 +113,10 @@ class _Round:
     @property
     def ratio_naive(self) -> float:
         return self.worker["images_per_s"] / self.naive
+
+    @property
+    def ratio_naive_worker_pre(self) -> float:
+        return self.worker["images_per_s"] / self.naive_worker_pre
 
 
 def median(values: list[float]) -> float:
@@ -245,13 +255,19 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         pre = [adapter.preprocess(im) for im in imgs]
         outs = [session.run([out_name] if out_name else None, {iname: x[None]})[0][0] for x, _ in pre[:5]]
         tensors = [x[None] for x, _ in pre]
+        size_hw = (card.input.size[0], card.input.size[1])
 
-        def machine() -> tuple[float, float, float, float, float]:
-            """(A 1 thread, A parallel, t_decode, t_preprocess, t_postprocess) now; the stage costs on one thread."""
+        def plain(image: np.ndarray) -> tuple[np.ndarray, Geometry]:
+            return plain_preprocess(image, card.preprocess, size_hw)
+
+        def machine() -> tuple[float, float, float, float, float, float]:
+            """(A 1 thread, A parallel, t_decode, t_preprocess, t_postprocess, B's t_preprocess) now; the
+            stage costs on one thread."""
             t_dec = _per_item(lambda d: decode(d, "x", cfg.pipeline.max_pixels), datas)
             t_pre = _per_item(adapter.preprocess, imgs)
             t_post = _per_item(lambda og: adapter.postprocess(og[0], og[1][1]), list(zip(outs * 4, pre)))
-            return (*_mean_rates(one, one_in, tensors, cores), t_dec, t_pre, t_post)
+            t_plain = _per_item(plain, imgs)
+            return (*_mean_rates(one, one_in, tensors, cores), t_dec, t_pre, t_post, t_plain)
 
         # rounds: A's rates and the stage costs are measured right before and right after B and C, so
         # each round's limit holds for the minutes C ran in (this machine's speed drifts by +-20%);
@@ -266,22 +282,29 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             create_us = _create_cost(c.outbox)  # where C's outputs will be created
             # each round's B writes new files, as C does: rewriting last round's files costs no inode
             # allocation, which is not free here (see SLOW_CREATE_US)
-            naive = _naive_loop(files, adapter, session, iname, out_name, work / f"naive-{model}-{width}-{k}")
+            # B and B' in alternate order from round to round, so neither always runs on the warmer machine
+            naive_rates: dict[str, float] = {}
+            for which in (("plain", "worker") if k % 2 == 0 else ("worker", "plain")):
+                naive_rates[which] = _naive_loop(files, plain if which == "plain" else adapter.preprocess, adapter,
+                                                 session, iname, out_name, work / f"naive-{which}-{model}-{width}-{k}")
             run_id, figures = _worker_run(c, folder)
             after = machine()
             db = open_db(c.db)
             (st,) = run_stats(db, run_id=run_id, warmup_s=0)
             db.dispose()
-            one_t, par, t_dec, t_pre, t_post = ((a + b) / 2 for a, b in zip(before, after))
+            one_t, par, t_dec, t_pre, t_post, t_plain = ((a + b) / 2 for a, b in zip(before, after))
             stages = t_dec + t_pre + t_post
-            rounds_seen.append(_Round(one_t=one_t, parallel=par, stages_ms=(t_dec * 1e3, t_pre * 1e3, t_post * 1e3),
-                                      naive=naive, worker=figures, rss_peak=st["memory"].get("rss_peak_mb", 0.0),
-                                      limit=cores / (1 / one_t + stages),
-                                      limit_parallel=cores / (cores / par + stages), create_file_us=create_us))
+            rnd = _Round(one_t=one_t, parallel=par, stages_ms=(t_dec * 1e3, t_pre * 1e3, t_post * 1e3),
+                         plain_pre_ms=t_plain * 1e3, naive=naive_rates["plain"], naive_worker_pre=naive_rates["worker"],
+                         worker=figures, rss_peak=st["memory"].get("rss_peak_mb", 0.0),
+                         limit=cores / (1 / one_t + stages), limit_parallel=cores / (cores / par + stages),
+                         create_file_us=create_us)
+            rounds_seen.append(rnd)
             say(f"    round {k + 1}: A 1 thread {one_t:.1f}, A parallel {par:.1f} img/s, stages {stages * 1e3:.1f} ms "
-                f"-> limit {rounds_seen[-1].limit:.1f} | B {naive:.1f} | C {figures['images_per_s']:.1f} img/s "
-                f"(C/limit {rounds_seen[-1].ratio_limit:.2f}, C/B {rounds_seen[-1].ratio_naive:.2f}); "
-                f"creating a file {create_us:.0f} us")
+                f"-> limit {rnd.limit:.1f} | B {rnd.naive:.1f} (plain preprocessing {t_plain * 1e3:.2f} ms), B' "
+                f"{rnd.naive_worker_pre:.1f} (the worker's, {t_pre * 1e3:.2f} ms) | C {figures['images_per_s']:.1f} "
+                f"img/s (C/limit {rnd.ratio_limit:.2f}, C/B {rnd.ratio_naive:.2f}, "
+                f"C/B' {rnd.ratio_naive_worker_pre:.2f}); creating a file {create_us:.0f} us")
             if create_us > SLOW_CREATE_US:
                 say(f"    (creating a file took {create_us:.0f} us, over {SLOW_CREATE_US:.0f}: if many files were "
                     f"deleted on this filesystem in the last minutes, ext4 without a journal skips their inodes "
@@ -296,10 +319,12 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         r = CorpusResult(model=model, width=width, images=len(files), bare_1t=med.one_t, bare_best=best,
                          bare_best_at=f"{bt}t b{bb}", bare_parallel=med.parallel, decode_ms=med.stages_ms[0],
                          preprocess_ms=med.stages_ms[1], postprocess_ms=med.stages_ms[2], limit=med.limit,
-                         limit_parallel=med.limit_parallel, naive=med.naive, worker=f["images_per_s"],
+                         limit_parallel=med.limit_parallel, naive=med.naive,
+                         naive_worker_pre=med.naive_worker_pre, worker=f["images_per_s"],
                          worker_p50_ms=f["p50"], worker_p99_ms=f["p99"],
                          worker_rss_peak_mb=max(x.rss_peak for x in rounds_seen),
                          ratio_naive=median([x.ratio_naive for x in rounds_seen]),
+                         ratio_naive_worker_pre=median([x.ratio_naive_worker_pre for x in rounds_seen]),
                          steady_rate=rate, steady_first_ms=float(lat[0]), steady_p50_ms=float(np.percentile(lat, 50)),
                          steady_p99_ms=float(np.percentile(lat, 99)),
                          steady_landed_p50_ms=float(np.percentile(steady.landed_ms, 50)),
@@ -307,8 +332,9 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                          create_file_us=max(x.create_file_us for x in rounds_seen))
         say(f"  {width} px: decode {r.decode_ms:.1f} ms, preprocess {r.preprocess_ms:.1f} ms, postprocess "
             f"{r.postprocess_ms:.1f} ms; median round: A 1 thread {r.bare_1t:.1f} img/s -> limit {r.limit:.1f} "
-            f"img/s | B naive {r.naive:.1f} | C worker run {r.worker:.1f} img/s (C/limit {r.ratio_limit:.2f}, "
-            f"C/limit-parallel {r.ratio_parallel:.2f}; C/B median {r.ratio_naive:.2f}), p50 {r.worker_p50_ms:.0f} "
+            f"img/s | B naive {r.naive:.1f}, B' {r.naive_worker_pre:.1f} | C worker run {r.worker:.1f} img/s (C/limit "
+            f"{r.ratio_limit:.2f}, C/limit-parallel {r.ratio_parallel:.2f}; C/B median {r.ratio_naive:.2f}, C/B' "
+            f"median {r.ratio_naive_worker_pre:.2f}), p50 {r.worker_p50_ms:.0f} "
             f"ms p99 {r.worker_p99_ms:.0f} ms, peak RSS {r.worker_rss_peak_mb:.0f} MB | D watch mode, steady {rate:.1f} "
             f"img/s: first {r.steady_first_ms:.0f} ms, p50 {r.steady_p50_ms:.0f} ms, p99 {r.steady_p99_ms:.0f} ms "
             f"(p99/p50 {r.steady_p99_ms / r.steady_p50_ms:.2f}); landed to archived p50 {r.steady_landed_p50_ms:.0f} ms, "
@@ -317,14 +343,43 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
     return results
 
 
-def _naive_loop(files: list[Path], adapter: Any, session: ort.InferenceSession, iname: str, out_name: str | None,
-                out: Path) -> float:
-    """Images/s of the sequential loop a user would write: read, preprocess, run, postprocess, write JSON."""
+def plain_preprocess(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
+    """The card's preprocessing as a user's script writes it, with numpy broadcasting (the issue's baselines
+    were plain scripts): the same tensor as the worker's `prepare`, which normalises one channel at a time,
+    a few times faster on this CPU (see the README's hot-path table)."""
+    th, tw = size_hw
+    h, w = image.shape[:2]
+    if spec.color == "rgb":
+        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
+    if spec.resize == "stretch":
+        img = cv2.resize(image, (tw, th))
+        geo = Geometry((h, w), tw / w, th / h)
+    elif spec.resize == "shorter-crop":
+        s = spec.resize_shorter / min(h, w)
+        img = cv2.resize(image, (int(round(w * s)), int(round(h * s))))
+        top, left = max((img.shape[0] - th) // 2, 0), max((img.shape[1] - tw) // 2, 0)
+        img = img[top:top + th, left:left + tw]
+        geo = Geometry((h, w), s, s, -left, -top)
+    else:  # letterbox
+        s = min(th / h, tw / w)
+        nw, nh = max(int(round(w * s)), 1), max(int(round(h * s)), 1)
+        left, top = (tw - nw) // 2, (th - nh) // 2
+        img = np.full((th, tw, 3), spec.pad_value, dtype=np.uint8)
+        img[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh))
+        geo = Geometry((h, w), s, s, left, top)
+    x = (img.astype(np.float32) - np.array(spec.mean, np.float32)) / np.array(spec.std, np.float32)
+    return np.ascontiguousarray(x.transpose(2, 0, 1)), geo
+
+
+def _naive_loop(files: list[Path], preprocess: Callable[[np.ndarray], tuple[np.ndarray, Geometry]], adapter: Any,
+                session: ort.InferenceSession, iname: str, out_name: str | None, out: Path) -> float:
+    """Images/s of the sequential loop a user would write: read, preprocess, run, postprocess, write JSON
+    (the worker's postprocess: a plain one would be slower still)."""
     out.mkdir(exist_ok=True)
     t0 = time.perf_counter()
     for p in files:
         img = cv2.imread(str(p), cv2.IMREAD_COLOR)
-        x, g = adapter.preprocess(img)
+        x, g = preprocess(img)
         y = session.run([out_name] if out_name else None, {iname: x[None]})[0][0]
         r = adapter.postprocess(y, g)
         (out / f"{p.name}.json").write_text(json.dumps(r.summary()))
@@ -426,23 +481,24 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
 def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], count: int,
               say: Callable[[str], None], rounds: int = 3) -> list[CorpusResult]:
     say(f"worker bench: {os.cpu_count()} cores, onnxruntime {ort.__version__}, {count} images per corpus, "
-        f"{rounds} rounds of A, B and C side by side, median round reported")
+        f"{rounds} rounds of A, B, B' and C side by side, median round reported")
     results: list[CorpusResult] = []
     with tempfile.TemporaryDirectory(prefix="worker-bench-") as tmp:
         for m in models:
             say(f"model {m}")
             results += bench_model(cfg, m, widths, count, Path(tmp), say, rounds)
     say("")
-    say("| model | corpus | A bare 1 thread | A best | A parallel | limit | limit-parallel | B naive | C worker run | "
-        "C/limit | C/limit-parallel | C/B | C peak RSS MB | D rate | D first ms | D p50 ms | D p99 ms | "
-        "D landed p50 ms | D landed p99 ms |")
-    say("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    say("| model | corpus | A bare 1 thread | A best | A parallel | limit | limit-parallel | B naive | B' | "
+        "C worker run | C/limit | C/limit-parallel | C/B | C/B' | C peak RSS MB | D rate | D first ms | D p50 ms | "
+        "D p99 ms | D landed p50 ms | D landed p99 ms |")
+    say("|---" * 21 + "|")
     for r in results:
         say(f"| {r.model} | {r.width} px | {r.bare_1t:.1f} | {r.bare_best:.1f} ({r.bare_best_at}) | "
-            f"{r.bare_parallel:.1f} | {r.limit:.1f} | {r.limit_parallel:.1f} | "
-            f"{r.naive:.1f} | {r.worker:.1f} | {r.ratio_limit:.2f} | {r.ratio_parallel:.2f} | {r.ratio_naive:.2f} | "
-            f"{r.worker_rss_peak_mb:.0f} | {r.steady_rate:.1f} | {r.steady_first_ms:.0f} | {r.steady_p50_ms:.0f} | "
-            f"{r.steady_p99_ms:.0f} | {r.steady_landed_p50_ms:.0f} | {r.steady_landed_p99_ms:.0f} |")
+            f"{r.bare_parallel:.1f} | {r.limit:.1f} | {r.limit_parallel:.1f} | {r.naive:.1f} | "
+            f"{r.naive_worker_pre:.1f} | {r.worker:.1f} | {r.ratio_limit:.2f} | {r.ratio_parallel:.2f} | "
+            f"{r.ratio_naive:.2f} | {r.ratio_naive_worker_pre:.2f} | {r.worker_rss_peak_mb:.0f} | "
+            f"{r.steady_rate:.1f} | {r.steady_first_ms:.0f} | {r.steady_p50_ms:.0f} | {r.steady_p99_ms:.0f} | "
+            f"{r.steady_landed_p50_ms:.0f} | {r.steady_landed_p99_ms:.0f} |")
     return results
 
 
