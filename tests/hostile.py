@@ -58,6 +58,10 @@ def build(folder: Path, samples: Path) -> dict[str, tuple[str, str]]:
         "a/b/c/d/e/f/g/h/i/deep.png": (cv2.imencode(".png", photo[::3, ::3])[1].tobytes(), "done", ""),
         "dup_one.png": (cv2.imencode(".png", photo[::4, ::4])[1].tobytes(), "done", ""),
         "dup_two.png": (cv2.imencode(".png", photo[::4, ::4])[1].tobytes(), "done", ""),
+        # names that are not UTF-8 (Latin-1 from an old share): Python holds their bytes as surrogates
+        "caf\udce9.jpg": (jpeg, "done", ""),
+        "d\udce4ta/n\udcfcmero.png": (cv2.imencode(".png", photo[::5, ::5])[1].tobytes(), "done", ""),
+        "br\udcf6ken.jpg": (b"not an image at all\n" * 20, "failed", "not an image"),
     }
     exif = Image.Exif()
     exif[0x0112] = 6  # displayed rotated 90 degrees clockwise: upright is taller than wide

@@ -17,6 +17,7 @@ import pytest
 from tests import hostile
 from tests.conftest import image_rows, wait_for
 from worker.jobs import Job
+from worker.names import as_text
 from worker.service import open_pipeline, run_folder, watch
 from worker.store.db import open_db
 from worker.store.health import Health, RunState
@@ -26,11 +27,13 @@ from worker.store.queries import run_health
 
 
 def _check(rows: dict, expected: dict) -> None:
-    assert sorted(rows) == sorted(expected), "one row per input, no more, no less"
+    # a name that is not UTF-8 is recorded with its undecodable bytes as \xNN (worker.names)
+    assert sorted(rows) == sorted(as_text(rel) for rel in expected), "one row per input, no more, no less"
     for rel, (status, why) in expected.items():
-        assert rows[rel].status == status, (rel, rows[rel].status, rows[rel].error)
+        row = rows[as_text(rel)]
+        assert row.status == status, (rel, row.status, row.error)
         if status == "failed":
-            assert rows[rel].error and why in rows[rel].error, (rel, rows[rel].error)
+            assert row.error and why in row.error, (rel, row.error)
 
 
 @pytest.fixture
@@ -50,6 +53,11 @@ def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
     assert doc["image"] == {"width": h, "height": w}, "EXIF orientation applied: the result is in upright coordinates"
     assert json.loads((effcfg.outbox / "--help.png.json").read_text())["task"] == "classify"
     assert (effcfg.outbox / "ünïcødé 画像.jpg.json").exists()
+    # outputs keep a name's real bytes; the JSON, valid UTF-8, says it as the database does
+    latin1 = json.loads((effcfg.outbox / "d\udce4ta" / "n\udcfcmero.png.json").read_bytes().decode("utf-8"))
+    assert latin1["input"] == "d\\xe4ta/n\\xfcmero.png" and latin1["status"] == "done"
+    broken = json.loads((effcfg.outbox / "br\udcf6ken.jpg.error.json").read_bytes().decode("utf-8"))
+    assert broken["input"] == "br\\xf6ken.jpg" and "not an image" in broken["error"]
     # for the symlink only the reason it was refused, and every failed input has its reason in the outbox
     assert [p.name for p in effcfg.outbox.rglob("link_outside*")] == ["link_outside.jpg.error.json"]
     for rel, (status, reason) in expected.items():

@@ -47,3 +47,23 @@ def test_a_quarantined_image_is_retried_once_its_cause_is_fixed(cfg, tmp_path: P
     assert (row.status, row.attempts, row.error) == ("done", 1, None)
     assert (cfg.archive / "done" / "sub" / "coffee.png").is_file()
     assert (cfg.outbox / "sub" / "coffee.png.json").is_file()
+
+
+def test_a_failed_image_named_in_latin1_goes_back_under_its_own_name(cfg, samples: Path, effnet_onnx: Path) -> None:
+    low = dataclasses.replace(cfg.pipeline, max_pixels=100_000, max_attempts=1)
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0", pipeline=low)
+    name = "caf\udce9.png"  # the byte 0xE9 (Latin-1 'é', from an old share): not UTF-8
+    cfg.inbox.mkdir(parents=True, exist_ok=True)
+    shutil.copy(samples / "coffee.png", cfg.inbox / name)
+    assert watch(cfg, threading.Event(), burst=True).figures["failed"] == 1
+    assert (cfg.archive / "failed" / name).is_file() and (cfg.outbox / f"{name}.error.json").is_file()
+    assert "over the limit" in image_rows(cfg)["caf\\xe9.png"].error  # recorded, the byte written as \xe9
+
+    db = open_db(cfg.db)
+    retried = retry_failed(db, Filters(path="caf*"))
+    db.dispose()
+    assert retried.moved == ((cfg.archive.absolute() / "failed" / name, cfg.inbox.absolute() / name),)
+    cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(low, max_pixels=80_000_000))
+    assert watch(cfg, threading.Event(), burst=True).figures["done"] == 1
+    assert image_rows(cfg)["caf\\xe9.png"].status == "done" and (cfg.archive / "done" / name).is_file()
+    assert (cfg.outbox / f"{name}.json").is_file() and not (cfg.outbox / f"{name}.error.json").exists()

@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 from sqlalchemy import Engine, select
 
+from worker.names import on_disk
 from worker.results import region_dicts
 from worker.store.queries import Filters, query_images
 from worker.store.schema import ResultRow
@@ -85,7 +86,7 @@ def _size(doc: dict[str, Any]) -> tuple[int, int]:
 
 
 def _read_mask(outbox: Path, mask_path: str) -> np.ndarray | None:
-    mask = cv2.imread(str(outbox / mask_path), cv2.IMREAD_UNCHANGED)
+    mask = cv2.imread(str(outbox / on_disk(outbox, mask_path)), cv2.IMREAD_UNCHANGED)
     if mask is None:
         log.warning("%s: mask not found or unreadable: its regions are exported as boxes only", outbox / mask_path)
     return mask

@@ -5,7 +5,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
+
+from worker.names import as_text
 
 
 class JobStatus(str, enum.Enum):
@@ -26,6 +29,11 @@ class Job:
     enqueued_at: float = field(default_factory=time.perf_counter, compare=False, hash=False)
     # recovery of an image a dead worker left `processing`: its claim takes the row over (see Claimed)
     take_over: bool = field(default=False, compare=False, hash=False)
+
+    @cached_property
+    def key(self) -> str:
+        """`rel` as the database, JSON documents and logs know it (worker.names: undecodable bytes as \\xNN)."""
+        return as_text(self.rel)
 
     @classmethod
     def from_path(cls, root: Path, path: Path) -> "Job":

@@ -24,6 +24,7 @@ import numpy as np
 from worker.draw import overlay, yolo_txt
 from worker.errors import OutboxFull, WorkerError
 from worker.maskpng import encode_class_png, encode_mask_png
+from worker.names import as_text
 from worker.results import ClassMask, Detections, Mask, Result
 
 TMP_PREFIX = ".tmp-"
@@ -89,7 +90,8 @@ class Outbox:
 
     def write(self, rel: str, result: Result, document: dict[str, Any],
               image: np.ndarray | None = None) -> tuple[str | None, str | None]:
-        """Write one image's outputs; returns (json_path, mask_path) relative to the outbox.
+        """Write one image's outputs; returns (json_path, mask_path) relative to the outbox, as text
+        (worker.names: a name that is not UTF-8 is written under its real bytes, returned escaped).
 
         `image` (uint8 BGR) is needed only for overlays. Raises OutboxFull when the filesystem has
         no room (the outputs already written are complete files, overwritten on the retry)."""
@@ -137,14 +139,14 @@ class Outbox:
             mask_rel = rel + ".mask.png"
             png = encode_mask_png(result.mask) if isinstance(result, Mask) else encode_class_png(result.classes)
             write_atomic(self._inside(mask_rel), png)
-            document = {**document, "mask": mask_rel}
+            document = {**document, "mask": as_text(mask_rel)}
         json_rel = None
         if self.write_json:
             json_rel = rel + ".json"
             write_atomic(self._inside(json_rel), json.dumps(document, ensure_ascii=False).encode())
         if self.write_errors:  # an earlier failure of this name (retried, or dropped again) is over
             self._inside(rel + ERROR_SUFFIX).unlink(missing_ok=True)
-        return json_rel, mask_rel
+        return (None if json_rel is None else as_text(json_rel)), (None if mask_rel is None else as_text(mask_rel))
 
 
 def remove_temporaries(root: Path) -> int:

@@ -39,6 +39,7 @@ from worker.images import decode, decode_reduced
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard
+from worker.names import on_disk
 from worker.outbox import Outbox, move_verified
 from worker.results import labels_of, top_score
 from worker.store.ledger import Known, Ledger, stamp_of
@@ -212,10 +213,11 @@ class Pipeline:
         worker again is the only one charged, so it reaches quarantine without taking its neighbours
         with it. Returns the relative paths it submitted."""
         done: set[str] = set()
-        for rel in self._ledger.in_flight():
+        for text in self._ledger.in_flight():
+            rel = on_disk(root, text)
             path = root / rel
             if path.is_file() or path.is_symlink():  # a symlink is refused by the claim step, on record
-                log.warning("%s was in flight when a worker stopped: processing it on its own first", rel)
+                log.warning("%s was in flight when a worker stopped: processing it on its own first", text)
                 self.submit(dataclasses.replace(Job.from_path(root, path), take_over=True))
                 self.drain()
                 done.add(rel)
@@ -287,7 +289,7 @@ class Pipeline:
         except ImageError as e:
             item.error = e.reason
         except Exception as e:  # a bug or an OS error on one image: record it, keep going
-            log.exception("prepare %s", item.job.rel)
+            log.exception("prepare %s", item.job.key)
             item.error = f"{type(e).__name__}: {e}"
         self._inferred.put(item)
         return None
@@ -301,7 +303,7 @@ class Pipeline:
                     item.skipped = True  # its outcome is on record; only its move failed (logged once)
                     return False
         if job.path.is_symlink():  # never followed: it could point anywhere on the machine
-            raise ImageError(job.rel, "symbolic link: not followed (copy the file into the folder instead)")
+            raise ImageError(job.key, "symbolic link: not followed (copy the file into the folder instead)")
         try:
             # O_NONBLOCK: a named pipe (or device) with an image's name must not block this thread on open;
             # O_NOFOLLOW: a symbolic link put there since the check above is refused too
@@ -309,13 +311,13 @@ class Pipeline:
             with os.fdopen(fd, "rb") as f:
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode):
-                    raise ImageError(job.rel, f"not a regular file ({_file_kind(st.st_mode)}): left unread")
+                    raise ImageError(job.key, f"not a regular file ({_file_kind(st.st_mode)}): left unread")
                 if self.settings.max_pixels and st.st_size > MAX_BYTES_PER_PIXEL * self.settings.max_pixels:
-                    raise ImageTooLarge(job.rel, f"{st.st_size} bytes is more than any image within the pixel "
+                    raise ImageTooLarge(job.key, f"{st.st_size} bytes is more than any image within the pixel "
                                                  f"limit takes ({MAX_BYTES_PER_PIXEL} bytes x pipeline.max_pixels)")
                 item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
                 stamp = stamp_of(st)
-                if stamp is not None and not self.settings.replay and self._done_as_read(job.rel, st.st_size, stamp):
+                if stamp is not None and not self.settings.replay and self._done_as_read(job.key, st.st_size, stamp):
                     item.skipped = item.unread = True
                     return False
                 item.data = f.read()
@@ -323,24 +325,24 @@ class Pipeline:
             if self._archived_already(job):
                 item.skipped = True  # replaced while queued: the job before it read and archived this content
                 return False
-            raise InputGone(job.rel, "file disappeared before it could be read") from None
+            raise InputGone(job.key, "file disappeared before it could be read") from None
         except (PermissionError, IsADirectoryError, OSError) as e:
-            raise InputGone(job.rel, f"cannot read file: {e.strerror or e}") from None
+            raise InputGone(job.key, f"cannot read file: {e.strerror or e}") from None
         item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
-        known = None if self.settings.replay else self._ledger.check(job.rel, item.sha256)
+        known = None if self.settings.replay else self._ledger.check(job.key, item.sha256)
         redo = self.settings.replay
         if known is not None and known.status == JobStatus.DONE.value:
             if self._same_model(known):
                 item.skipped, item.data = True, None
                 if stamp is not None:  # read under a new stamp (touched, or done before stamps): note it
-                    self.recorder.put(Restamped(job.rel, item.sha256, stamp))
+                    self.recorder.put(Restamped(job.key, item.sha256, stamp))
                 return False
             known, redo = None, True  # done with another model file (retrained) or card settings: processed again
         if known is not None and known.attempts >= self.settings.max_attempts:
-            raise ImageError(job.rel, f"quarantined after {known.attempts} attempts"
+            raise ImageError(job.key, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
         item.committed = Commit()
-        self.recorder.put(Claimed(job.rel, item.sha256, item.size, item.committed, stamp=stamp,
+        self.recorder.put(Claimed(job.key, item.sha256, item.size, item.committed, stamp=stamp,
                                   take_over=job.take_over, redo=redo))
         return True
 
@@ -372,9 +374,9 @@ class Pipeline:
         t0 = time.perf_counter()
         item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
         if self.settings.jpeg_reduce and not self.settings.keep_image:
-            image, orig_hw = decode_reduced(data, job.rel, self.settings.max_pixels, self._needed)
+            image, orig_hw = decode_reduced(data, job.key, self.settings.max_pixels, self._needed)
         else:
-            image = decode(data, job.rel, self.settings.max_pixels)
+            image = decode(data, job.key, self.settings.max_pixels)
             orig_hw = (image.shape[0], image.shape[1])
         t1 = time.perf_counter()
         item.tensor, item.geometry = self.adapter.preprocess(image)
@@ -433,7 +435,7 @@ class Pipeline:
             try:
                 status, committed = self._finish(item)
             except Exception:
-                log.exception("finish %s", item.job.rel)
+                log.exception("finish %s", item.job.key)
                 status, committed = JobStatus.FAILED, None
             if status is JobStatus.QUEUED:
                 continue  # waits for room in the outbox: still pending, its input where it is
@@ -467,12 +469,12 @@ class Pipeline:
             except OSError as e:  # the outbox's disk, not the image (disk full, read-only): no traceback
                 item.error = f"cannot write its outputs under {self.outbox.root}: {e.strerror or e}"
             except Exception as e:
-                log.exception("postprocess/write %s", job.rel)
+                log.exception("postprocess/write %s", job.key)
                 item.error = f"{type(e).__name__}: {e}"
         if item.error is not None:
-            log.warning("failed: %s: %s", job.rel, item.error)
+            log.warning("failed: %s: %s", job.key, item.error)
             self._write_error(item)
-            event = Finished(job.rel, item.sha256, item.size, JobStatus.FAILED, error=item.error,
+            event = Finished(job.key, item.sha256, item.size, JobStatus.FAILED, error=item.error,
                              timings=self._timings(item), committed=self._committed())
         self.recorder.put(event)
         status = event.status
@@ -485,7 +487,7 @@ class Pipeline:
 
     def _head(self, item: _Item, status: JobStatus) -> dict[str, Any]:
         """The keys every outbox JSON starts with, result or error file (README, Outputs)."""
-        return {"input": item.job.rel, "sha256": item.sha256 or None, "model": self.card.name,
+        return {"input": item.job.key, "sha256": item.sha256 or None, "model": self.card.name,
                 "task": self.card.task, "status": status.value}
 
     def _write_error(self, item: _Item) -> None:
@@ -494,7 +496,7 @@ class Pipeline:
         try:
             self.outbox.write_error(item.job.rel, document)
         except (OSError, WorkerError) as e:  # a full or read-only outbox: the failure is on record all the same
-            log.debug("no error file for %s: %s", item.job.rel, e)
+            log.debug("no error file for %s: %s", item.job.key, e)
 
     def _succeed(self, item: _Item, t0: float) -> Finished:
         job = item.job
@@ -509,7 +511,7 @@ class Pipeline:
         item.image = None
         t2 = time.perf_counter()
         item.timings["write_ms"] = (t2 - t1) * 1000
-        return Finished(job.rel, item.sha256, item.size, JobStatus.DONE, task=self.card.task,
+        return Finished(job.key, item.sha256, item.size, JobStatus.DONE, task=self.card.task,
                         score=top_score(result), payload=document, json_path=json_path, mask_path=mask_path,
                         labels=tuple(labels_of(result)), timings=self._timings(item),
                         committed=self._committed())
@@ -523,7 +525,7 @@ class Pipeline:
             self._paused_at = self._reminded_at = time.monotonic()
         self._outbox_room.clear()
         job = item.job
-        self.recorder.put(Finished(job.rel, item.sha256, item.size, JobStatus.QUEUED,
+        self.recorder.put(Finished(job.key, item.sha256, item.size, JobStatus.QUEUED,
                                    error=f"waiting for room in the outbox ({reason})", undo_attempt=True))
         self._deferred.append(job)
         for _ in range(self.settings.decode_workers):  # a decode thread blocked on an empty queue
@@ -592,13 +594,13 @@ class Pipeline:
             # only once its row is durable: a crash before never loses the image; an outcome the
             # database refused leaves the input in the inbox, where the next rescan offers it again
             if committed is not None and not committed.wait():
-                log.error("%s: its outcome could not be recorded: left in the inbox", job.rel)
+                log.error("%s: its outcome could not be recorded: left in the inbox", job.key)
                 self._done(job, status)
                 continue
             try:
                 self._archive(job, status, identity)
             except Exception:  # never let one input stop the stage: it stays in the inbox, logged
-                log.exception("archive %s", job.rel)
+                log.exception("archive %s", job.key)
             self._done(job, status)
 
     def _note_archived(self, rel: str, identity: tuple[int, int, int]) -> None:
@@ -641,7 +643,7 @@ class Pipeline:
                 if current != identity:
                     # replaced under the same name after it was read (a camera rewriting latest.jpg):
                     # the new file is not this result's; it stays for its own job (intake saw it change)
-                    log.warning("%s was replaced after it was read: left in the inbox for its own job", job.rel)
+                    log.warning("%s was replaced after it was read: left in the inbox for its own job", job.key)
                     return
                 self._note_archived(job.rel, identity)
             if mode == "delete" and status is JobStatus.DONE:  # a failed input is kept, in the archive, to look at
@@ -652,7 +654,7 @@ class Pipeline:
             # a read-only or foreign inbox, or an archive on another disk that is full: remembered and said
             # once (each rescan tries the move again without reading the input); anything else, each time
             if not (isinstance(e, OSError) and e.errno in _STUCK_ERRNOS):
-                log.error("cannot archive %s: %s", job.rel, e)
+                log.error("cannot archive %s: %s", job.key, e)
                 return
             sig = identity[1:] if identity is not None else (job.size, job.mtime_ns)
             with self._archived_lock:
@@ -661,7 +663,7 @@ class Pipeline:
                     self._stuck.popitem(last=False)
             if not known:  # tried again at each rescan (the inbox may become writable), said once
                 log.error("cannot archive %s: %s; it stays in the inbox, and is not read again unless it changes "
-                          "(the move is tried again at each rescan)", job.rel, e.strerror)
+                          "(the move is tried again at each rescan)", job.key, e.strerror)
         else:
             with self._archived_lock:
                 self._stuck.pop(job.rel, None)

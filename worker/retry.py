@@ -21,6 +21,7 @@ from sqlalchemy import Engine, select, update
 
 from worker.errors import WorkerError
 from worker.jobs import JobStatus
+from worker.names import on_disk
 from worker.outbox import inside, move_verified
 from worker.store.queries import Filters, query_images
 from worker.store.schema import ImageRow, Run
@@ -52,9 +53,11 @@ def retry_failed(db: Engine, filters: Filters, archive: Path | None = None) -> R
                                                       .where(Run.id.in_({r["run_id"] for r in rows})))}
     moved: list[tuple[Path, Path]] = []
     for r in rows:
-        rel = r["rel_path"]
         root, archived = runs[r["run_id"]]
-        if archived is None or not (src := inside(archived / "failed", rel)).is_file():
+        if archived is None:
+            continue
+        rel = on_disk(archived / "failed", r["rel_path"])  # a name that is not UTF-8 is recorded escaped
+        if not (src := inside(archived / "failed", rel)).is_file():
             continue
         dst = inside(root, rel)
         if dst.exists():  # something is there already (the same image dropped again): leave both

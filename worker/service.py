@@ -21,6 +21,7 @@ from worker.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card, settings_digest
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
+from worker.names import as_text
 from worker.outbox import Outbox, remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.status import StatusLog
@@ -86,7 +87,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
                         memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
                         keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce)
-    recorder = Recorder(db, RunInfo(mode=mode, root=str(root), model=card.name, model_sha256=sha256_file(onnx),
+    recorder = Recorder(db, RunInfo(mode=mode, root=as_text(str(root)), model=card.name, model_sha256=sha256_file(onnx),
                                     card_sha256=settings_digest(card),
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
     o = cfg.outputs
