@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import ROOT
 from worker.errors import ConfigError, ModelError
-from worker.models.card import SourceFile, list_cards, load_card
+from worker.models.card import SourceFile, accepted_digests, find_card, list_cards, load_card, settings_digest
 from worker.models.fetch import extract
 from worker.models.torch_weights import load_state_dict
 
@@ -97,3 +97,37 @@ def test_card_that_contradicts_its_model_stops_the_worker_at_start(tmp_path: Pat
     with pytest.raises(ModelError, match=f"model 'mine': {message}"):
         run_folder(dataclasses.replace(cfg, models_dir=tmp_path / "models", model="mine"), images)
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
+
+
+# what the first version with card digests (migration 0003, session 14) recorded for the bundled cards,
+# computed by that version's code: runs recorded under them must keep counting as these settings
+FIRST_DIGESTS = {
+    "efficientnet-lite0": "cc61601c675c3f70a273ac5f3d87abcc2e1010e84a15e67d0e02e62ed6b52482",
+    "ppocr-det": "698d5e6521c0015da6e6b33ebc85a16375fc7dcfd426e897ae09e59e8badcc3d",
+    "yolov3-tiny": "189e3dbabc287f23df9e107d7a8b02c27c230e8054546db4c8955886b0ef94db",
+}
+
+
+def test_card_digests_leave_out_defaults_and_accept_the_first_versions_records() -> None:
+    import dataclasses
+
+    for name, first in FIRST_DIGESTS.items():
+        assert first in accepted_digests(find_card(ROOT / "models", name)), name
+    card = find_card(ROOT / "models", "yolov3-tiny")
+
+    def post(**kw: object):
+        return dataclasses.replace(card, postprocess=dataclasses.replace(card.postprocess, **kw))
+
+    # a setting added since, at its default: the same settings, before and after it existed
+    assert settings_digest(post(max_detections=300)) == settings_digest(card)
+    capped = post(max_detections=50)  # in use: results differ from what the first version made
+    assert settings_digest(capped) != settings_digest(card)
+    assert FIRST_DIGESTS["yolov3-tiny"] not in accepted_digests(capped)
+    assert not accepted_digests(post(threshold=0.3)) & accepted_digests(card)  # a corrected threshold
+    assert accepted_digests(dataclasses.replace(card, description="mine")) == accepted_digests(card)
+
+
+def test_max_detections_must_be_positive(tmp_path: Path) -> None:
+    (tmp_path / "model.yaml").write_text("name: d\ntask: detect\nonnx: d.onnx\npostprocess: {max_detections: 0}\n")
+    with pytest.raises(ConfigError, match="max_detections' must be at least 1, got 0"):
+        load_card(tmp_path / "model.yaml")

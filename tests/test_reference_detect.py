@@ -78,3 +78,21 @@ def test_classwise_nms_keeps_other_classes() -> None:
     xyxy = np.array([[0, 0, 10, 10], [1, 1, 10, 10], [0, 0, 10, 10]], np.float32)
     keep = classwise_nms(xyxy, np.array([0, 0, 1]), np.array([0.9, 0.8, 0.7], np.float32), 0.45)
     assert keep.tolist() == [0, 2]
+
+
+def test_max_detections_keeps_the_best_boxes() -> None:
+    import dataclasses
+
+    card = _card()
+    # 8 anchors, 8 classes, one box each at a different place: nothing suppressed, scores 0.3 .. 0.93
+    scores = np.linspace(0.3, 0.93, 8, dtype=np.float32)
+    rows = np.zeros((8, 5 + 80), np.float32)
+    rows[:, 0], rows[:, 1], rows[:, 2:4], rows[:, 4] = np.arange(8) * 50 + 20, 100, 30, 1.0
+    rows[np.arange(8), 5 + np.arange(8)] = scores
+    geo = Geometry(orig_hw=(416, 416), scale_x=1.0, scale_y=1.0)
+    every = Detector(card).postprocess(rows, geo)
+    assert len(every.scores) == 8
+    capped = Detector(dataclasses.replace(card, postprocess=dataclasses.replace(card.postprocess, max_detections=3)))
+    best = capped.postprocess(rows, geo)
+    np.testing.assert_allclose(best.scores, scores[::-1][:3], rtol=1e-6)
+    assert best.class_ids.tolist() == [7, 6, 5]

@@ -163,6 +163,33 @@ def test_a_new_model_file_or_new_card_settings_process_done_images_again(cfg, tm
     assert figures() == (0, 2)
 
 
+def test_runs_recorded_under_the_first_card_digests_still_count_as_done(cfg, tmp_path: Path, samples: Path,
+                                                                        effnet_onnx: Path) -> None:
+    """Upgrading past a change to how card settings are digested (or to a version that adds a setting
+    at its default) must not reprocess what is done."""
+    import dataclasses
+
+    from sqlalchemy import update
+
+    from tests.conftest import CACHE
+    from worker.models.card import accepted_digests, find_card, settings_digest
+    from worker.models.pull import with_labels
+
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(samples / "coffee.png", folder / "coffee.png")
+    assert run_folder(cfg, folder).figures["done"] == 1
+    card = with_labels(find_card(cfg.models_dir, "efficientnet-lite0"), CACHE)
+    (first,) = accepted_digests(card) - {settings_digest(card)}
+    db = open_db(cfg.db)
+    with db.begin() as c:  # as session 14's version recorded the run
+        c.execute(update(Run).values(card_sha256=first))
+    db.dispose()
+    f = run_folder(cfg, folder).figures
+    assert (f["done"], f["skipped"]) == (0, 1)
+
+
 def test_a_rerun_knows_unchanged_files_without_reading_them(cfg, tmp_path: Path, samples: Path,
                                                             effnet_onnx: Path, monkeypatch) -> None:
     """A file whose size and stamp (inode, mtime, ctime) are those of the read that was processed is

@@ -38,7 +38,7 @@ from worker.gpu import GpuMemory
 from worker.images import decode, decode_reduced
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
-from worker.models.card import ModelCard
+from worker.models.card import ModelCard, accepted_digests
 from worker.names import on_disk
 from worker.outbox import Outbox, move_verified
 from worker.results import labels_of, top_score
@@ -141,6 +141,7 @@ class Pipeline:
         self._inferred: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._to_archive: queue.Queue[Any] = queue.Queue(settings.queue_size)
         self._ledger = Ledger(db, card.name, recorder.root)
+        self._card_digests = accepted_digests(card)  # a run recorded under one of these: the same settings
         # rel -> (size, mtime_ns) of the inputs archived lately: a job queued for content that an
         # earlier job of the same path read and archived finds the file gone, and is not a failure
         self._archived: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -356,7 +357,7 @@ class Pipeline:
         """Whether an image's last processing used this ONNX file and these card settings (a run recorded
         before card digests counts as these settings: an upgrade alone does not process everything again)."""
         return known.model_sha256 == self.recorder.model_sha256 and \
-            known.card_sha256 in (None, self.recorder.card_sha256)
+            (known.card_sha256 is None or known.card_sha256 in self._card_digests)
 
     def _decode(self, item: _Item) -> bool:
         job, data = item.job, item.data

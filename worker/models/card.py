@@ -72,6 +72,7 @@ class Postprocess:
     top_k: int = 5
     iou: float = 0.45
     layout: Literal["yolov5", "yolov8"] = "yolov5"
+    max_detections: int = 300  # detect: the best this many boxes after NMS (Ultralytics' max_det)
     # what turns the output into probabilities: classify applies softmax unless told otherwise (`none`
     # for a model that ends in Softmax); segment takes the output as probabilities unless told
     # (`sigmoid` for a one-map model that outputs logits; `softmax` over the classes of a multi-class one)
@@ -103,13 +104,64 @@ class ModelCard:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
 
 
+# what in a card shapes the results besides the ONNX file (name, description, license and source do not)
+_SHAPING = ("task", "input", "preprocess", "postprocess", "labels", "labels_source")
+
+
 def settings_digest(card: ModelCard) -> str:
-    """sha256 of what in a card shapes the results besides the ONNX file: the task, the input, the pre-
-    and postprocessing and the labels (a rerun after any of these changed processes done images again;
-    the name, description, license and where the weights come from do not count)."""
-    fields = dataclasses.asdict(card)
-    shaping = {k: fields[k] for k in ("task", "input", "preprocess", "postprocess", "labels", "labels_source")}
+    """sha256 of the card's settings that shape its results: the task, the input, the pre- and
+    postprocessing and the labels. A rerun after any of these changed processes done images again.
+
+    Settings at their defaults are left out: a version that adds a setting, at a default that keeps
+    what was done before, must not make every image done so far count as done differently."""
+    shaping = {k: _set_only(getattr(card, k)) for k in _SHAPING}
     return hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def accepted_digests(card: ModelCard) -> frozenset[str]:
+    """The digests under which a recorded run counts as done with this card's settings: today's, and
+    the one the first version with digests recorded (every setting, defaults too, of the settings it
+    had), while this card sets nothing that version did not have."""
+    digests = {settings_digest(card)}
+    v1: dict[str, object] = {}
+    for key in _SHAPING:
+        value = getattr(card, key)
+        if not dataclasses.is_dataclass(value):
+            v1[key] = value
+            continue
+        known = _V1_FIELDS[type(value).__name__]
+        if any(f.name not in known for f in dataclasses.fields(value)
+               if getattr(value, f.name) != _default(f)):  # a later setting in use: done before means not done
+            return frozenset(digests)
+        v1[key] = {name: getattr(value, name) for name in known}
+    digests.add(hashlib.sha256(json.dumps(v1, sort_keys=True, default=str).encode()).hexdigest())
+    return frozenset(digests)
+
+
+# the settings each part of a card had when digests were first recorded (migration 0003): fixed
+_V1_FIELDS = {
+    "InputSpec": ("name", "size", "dynamic_batch", "layout"),
+    "Preprocess": ("color", "resize", "resize_shorter", "pad_value", "mean", "std"),
+    "Postprocess": ("output", "threshold", "top_k", "iou", "layout", "activation"),
+    "LabelsSource": ("package", "path", "sha256", "distribution", "format", "variable"),
+}
+_NO_DEFAULT = object()
+
+
+def _default(f: dataclasses.Field) -> object:  # type: ignore[type-arg]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return _NO_DEFAULT
+
+
+def _set_only(value: object) -> object:
+    """A card part's settings that differ from their defaults (nested), as plain data."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _set_only(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if getattr(value, f.name) != _default(f)}
+    return value
 
 
 def load_card(path: Path) -> ModelCard:
@@ -135,6 +187,9 @@ def load_card(path: Path) -> ModelCard:
     if card.task == "segment" and card.preprocess.resize != "stretch":
         raise ConfigError(f"{path}: a segmenter's mask covers the whole image: 'preprocess.resize' must be "
                           f"stretch, got {card.preprocess.resize}")
+    if card.postprocess.max_detections < 1:
+        raise ConfigError(f"{path}: 'postprocess.max_detections' must be at least 1, "
+                          f"got {card.postprocess.max_detections}")
     if card.task == "detect" and card.postprocess.activation is not None:
         raise ConfigError(f"{path}: 'postprocess.activation' applies to classify and segment models only")
     return card

@@ -72,7 +72,7 @@ class Detector(CardPreprocessing):
         xyxy, class_ids, scores = decode_rows(output, p.layout)
         sel = scores >= p.threshold
         xyxy, class_ids, scores = xyxy[sel], class_ids[sel], scores[sel]
-        keep = classwise_nms(xyxy, class_ids, scores, p.iou)
+        keep = classwise_nms(xyxy, class_ids, scores, p.iou)[:p.max_detections]  # best first
         xyxy, class_ids, scores = xyxy[keep], class_ids[keep], scores[keep]
         h, w = geometry.orig_hw
         xyxy = xyxy.copy()
