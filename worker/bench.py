@@ -304,7 +304,8 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                 f"-> limit {rnd.limit:.1f} | B {rnd.naive:.1f} (plain preprocessing {t_plain * 1e3:.2f} ms), B' "
                 f"{rnd.naive_worker_pre:.1f} (the worker's, {t_pre * 1e3:.2f} ms) | C {figures['images_per_s']:.1f} "
                 f"img/s (C/limit {rnd.ratio_limit:.2f}, C/B {rnd.ratio_naive:.2f}, "
-                f"C/B' {rnd.ratio_naive_worker_pre:.2f}); creating a file {create_us:.0f} us")
+                f"C/B' {rnd.ratio_naive_worker_pre:.2f}; C at the limit would make C/B {rnd.limit / rnd.naive:.2f}); "
+                f"creating a file {create_us:.0f} us")
             if create_us > SLOW_CREATE_US:
                 say(f"    (creating a file took {create_us:.0f} us, over {SLOW_CREATE_US:.0f}: if many files were "
                     f"deleted on this filesystem in the last minutes, ext4 without a journal skips their inodes "
