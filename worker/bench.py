@@ -48,7 +48,7 @@ from worker.samples import fetch_samples
 from worker.store.db import open_db
 from worker.store.queries import run_stats
 from worker.tasks import adapter_for
-from worker.tasks.preprocess import Geometry
+from worker.tasks.preprocess import Geometry, resize_for
 
 
 @dataclass(frozen=True)
@@ -345,30 +345,14 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
 
 
 def plain_preprocess(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
-    """The card's preprocessing as a user's script writes it, with numpy broadcasting (the issue's baselines
-    were plain scripts): the same tensor as the worker's `prepare`, which normalises one channel at a time,
-    a few times faster on this CPU (see the README's hot-path table)."""
-    th, tw = size_hw
-    h, w = image.shape[:2]
+    """The card's preprocessing as the issue's baseline scripts wrote it: the resize, then the colour
+    order and normalisation with numpy broadcasting and a transpose. The same tensor as the worker's
+    `prepare`, which normalises one channel at a time, a few times faster on this CPU (README,
+    hot-path table)."""
+    resized, geo = resize_for(image, spec, size_hw)
     if spec.color == "rgb":
-        image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-    if spec.resize == "stretch":
-        img = cv2.resize(image, (tw, th))
-        geo = Geometry((h, w), tw / w, th / h)
-    elif spec.resize == "shorter-crop":
-        s = spec.resize_shorter / min(h, w)
-        img = cv2.resize(image, (int(round(w * s)), int(round(h * s))))
-        top, left = max((img.shape[0] - th) // 2, 0), max((img.shape[1] - tw) // 2, 0)
-        img = img[top:top + th, left:left + tw]
-        geo = Geometry((h, w), s, s, -left, -top)
-    else:  # letterbox
-        s = min(th / h, tw / w)
-        nw, nh = max(int(round(w * s)), 1), max(int(round(h * s)), 1)
-        left, top = (tw - nw) // 2, (th - nh) // 2
-        img = np.full((th, tw, 3), spec.pad_value, dtype=np.uint8)
-        img[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh))
-        geo = Geometry((h, w), s, s, left, top)
-    x = (img.astype(np.float32) - np.array(spec.mean, np.float32)) / np.array(spec.std, np.float32)
+        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
+    x = (resized.astype(np.float32) - np.array(spec.mean, np.float32)) / np.array(spec.std, np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1)), geo
 
 

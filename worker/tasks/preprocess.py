@@ -40,6 +40,22 @@ def needed_size(spec: Preprocess, size_hw: tuple[int, int], orig_hw: tuple[int, 
 
 def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
     """uint8 BGR (H, W, 3) -> float32 (3, h, w) in the card's colour order and normalisation."""
+    resized, geo = resize_for(image, spec, size_hw)
+    if spec.color == "rgb":
+        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
+    th, tw = size_hw
+    # one channel at a time straight into CHW: broadcasting over a last axis of 3 runs numpy's inner
+    # loop 3 elements at a time, ten times slower for the same float32 arithmetic
+    x = np.empty((3, th, tw), dtype=np.float32)
+    for c in range(3):
+        np.subtract(resized[:, :, c], np.float32(spec.mean[c]), out=x[c], dtype=np.float32)
+        x[c] *= np.float32(1.0) / np.float32(spec.std[c])
+    return x, geo
+
+
+def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
+    """uint8 (H, W, 3) -> uint8 (h, w, 3) as the card's `resize` says (stretch, shorter side and centre
+    crop, or letterbox), and the geometry that maps it back."""
     h, w = image.shape[:2]
     th, tw = size_hw
     if spec.resize == "stretch":
@@ -62,15 +78,7 @@ def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tu
         resized = np.full((th, tw, 3), spec.pad_value, dtype=np.uint8)
         resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
         geo = Geometry((h, w), s, s, left, top)
-    if spec.color == "rgb":
-        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
-    # one channel at a time straight into CHW: broadcasting over a last axis of 3 runs numpy's inner
-    # loop 3 elements at a time, ten times slower for the same float32 arithmetic
-    x = np.empty((3, th, tw), dtype=np.float32)
-    for c in range(3):
-        np.subtract(resized[:, :, c], np.float32(spec.mean[c]), out=x[c], dtype=np.float32)
-        x[c] *= np.float32(1.0) / np.float32(spec.std[c])
-    return x, geo
+    return resized, geo
 
 
 class CardPreprocessing:
