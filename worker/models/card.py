@@ -129,7 +129,7 @@ def accepted_digests(card: ModelCard) -> frozenset[str]:
         if not dataclasses.is_dataclass(value):
             v1[key] = value
             continue
-        known = _V1_FIELDS[type(value).__name__]
+        known = _V1_FIELDS.get(type(value).__name__, ())
         if any(f.name not in known for f in dataclasses.fields(value)
                if getattr(value, f.name) != _default(f)):  # a later setting in use: done before means not done
             return frozenset(digests)
