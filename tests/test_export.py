@@ -14,7 +14,7 @@ from pycocotools.coco import COCO
 
 from tests.test_cli import cli_run
 from worker.cli import cli
-from worker.export import edge_polygons
+from worker.export import edge_polygons, rle_of
 
 # pycocotools' decode predates numpy 2's copy keyword; it works, and says so on every call
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
@@ -60,6 +60,17 @@ def test_edge_polygons_rasterise_back_to_their_pixels_exactly_thin_and_diagonal_
     assert parts > 1000
 
 
+def test_a_ring_keeps_its_hole_as_rle_and_comes_back_filled_as_polygons() -> None:
+    ring = np.zeros((30, 40), np.uint8)
+    ring[5:25, 10:30] = 1
+    ring[10:20, 15:25] = 0  # the hole
+    part = ring[5:25, 10:30]
+    rle = rle_of(part, (10, 5), ring.shape)
+    assert rle["size"] == [30, 40] and sum(rle["counts"]) == 30 * 40
+    assert np.array_equal(coco_mask.decode(coco_mask.frPyObjects(rle, 30, 40)).astype(bool), ring > 0)
+    assert np.array_equal(rasterise(edge_polygons(part, (10, 5)), 30, 40), filled(ring))
+
+
 def test_a_segmenters_regions_export_as_coco_polygons_that_pycocotools_reads_back_as_its_mask(
         tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     conf, r = cli_run(tmp_path, samples, ("page.png", "text.png", "coffee.png"), "model: ppocr-det\n")
@@ -87,6 +98,18 @@ def test_a_segmenters_regions_export_as_coco_polygons_that_pycocotools_reads_bac
             assert region.sum() >= a["area"] and not (drawn & region).any()  # holes filled; regions apart
             drawn |= region
         assert np.array_equal(drawn, filled(mask)), image["file_name"]  # every pixel, nothing more
+
+    # --rle: each region as its run-length encoding: the mask back exactly, holes and all
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--rle", "-o", str(tmp_path / "rle.json")])
+    assert out.exit_code == 0, out.output
+    api = COCO(str(tmp_path / "rle.json"))
+    for image in api.dataset["images"]:
+        mask = cv2.imread(str(outbox / f"{image['file_name']}.mask.png"), cv2.IMREAD_GRAYSCALE) > 0
+        anns = api.loadAnns(api.getAnnIds(imgIds=[image["id"]]))
+        assert all(a["segmentation"]["size"] == list(mask.shape) for a in anns)
+        regions = [api.annToMask(a).astype(bool) for a in anns]
+        assert [int(m.sum()) for m in regions] == [a["area"] for a in anns]  # each region's own pixels
+        assert np.array_equal(np.logical_or.reduce(regions), mask), image["file_name"]
 
     mask = outbox / "text.png.mask.png"
     kept = mask.read_bytes()

@@ -486,16 +486,19 @@ def export() -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout).")
 @db_option
 @click.option("--outbox", type=click.Path(path_type=Path), help="Where the masks are (overrides config).")
+@click.option("--rle", is_flag=True, help="A segmenter's regions as run-length encodings (exact, holes included) "
+                                          "instead of polygons.")
 @click.pass_context
 def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, label: str | None,
                 min_score: float | None, model: str | None, output: Path | None, db: str | None,
-                outbox: Path | None) -> None:
+                outbox: Path | None, rle: bool) -> None:
     """Write detection or segmentation results as COCO JSON (images, categories, annotations with scores;
     a segmenter's regions with their polygons, traced from the masks in the outbox).
 
     \b
     Example:
       worker export coco --run 3 -o detections.json
+      worker export coco --model ppocr-det --rle -o text-regions.json
     """
     from worker.export import coco
     from worker.models.card import find_card
@@ -510,7 +513,7 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
                           f"segmentation model's results (--model NAME)")
     card = with_labels(card, cfg.cache_dir)
     filters = Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score, model=card.name, limit=10**9)
-    doc = coco(open_db(cfg.db, create=False), filters, card.labels, card.task, cfg.outbox)
+    doc = coco(open_db(cfg.db, create=False), filters, card.labels, card.task, cfg.outbox, rle)
     if not doc["images"]:
         click.echo(f"note: no done results of model {card.name!r} match", err=True)
     text = json.dumps(doc, indent=1)

@@ -20,14 +20,15 @@ log = logging.getLogger(__name__)
 
 
 def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: str = "detect",
-         outbox: Path | None = None) -> dict[str, Any]:
+         outbox: Path | None = None, rle: bool = False) -> dict[str, Any]:
     """{images, categories, annotations} for the done results of one `task` (detect or segment) matching
     `filters`.
 
     Category ids are the model's 0-based class ids; `categories` (the card's labels) names them, else the
     names seen in the results are used. bbox is [x, y, width, height] in pixels. A segmenter's annotations
     are its mask's regions, each with its polygons traced from the mask PNG in `outbox` (a bbox only when
-    that file is gone); a multi-class segmenter's background (class 0) is no category.
+    that file is gone); a multi-class segmenter's background (class 0) is no category. `rle`: each region
+    as a run-length encoding of its pixels instead (uncompressed COCO RLE: exact, holes included).
     """
     rows = [r for r in query_images(db, filters) if r["status"] == "done" and r["task"] == task]
     payloads: dict[int, dict[str, Any]] = {}
@@ -57,7 +58,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
         if found is None and mask is not None and "classes" not in doc:  # recorded before regions were
             found = region_dicts(regions((mask > 0).view(np.uint8)))
         found = found or []
-        shapes = _region_shapes(mask, found) if mask is not None else {}
+        shapes = _region_shapes(mask, found, rle) if mask is not None else {}
         for i, region in enumerate(found):
             cid, name = region.get("class_id", 0), region.get("name", doc.get("label", "0"))
             seen[cid] = name
@@ -92,8 +93,9 @@ def _read_mask(outbox: Path, mask_path: str) -> np.ndarray | None:
     return mask
 
 
-def _region_shapes(mask: np.ndarray, regions: list[dict[str, Any]]) -> dict[int, list[list[int]]]:
-    """Region index -> COCO polygons ([x, y, x, y, ...] lists) traced around it in the written mask.
+def _region_shapes(mask: np.ndarray, regions: list[dict[str, Any]], rle: bool = False) -> dict[int, Any]:
+    """Region index -> COCO polygons ([x, y, x, y, ...] lists) traced around it in the written mask, or
+    (`rle`) its run-length encoding.
 
     The mask's connected parts are labelled again (as when the regions were found) and each region is
     matched to its part by box and pixel count, so a part lying inside another's box is not mixed in."""
@@ -112,8 +114,23 @@ def _region_shapes(mask: np.ndarray, regions: list[dict[str, Any]]) -> dict[int,
         k = index.get((x1, y1, x2, y2, region["pixels"]))
         if k is None:
             continue
-        shapes[i] = edge_polygons((labels[y1:y2, x1:x2] == k).view(np.uint8), (x1, y1))
+        part = (labels[y1:y2, x1:x2] == k).view(np.uint8)
+        shapes[i] = rle_of(part, (x1, y1), mask.shape[:2]) if rle else edge_polygons(part, (x1, y1))
     return shapes
+
+
+def rle_of(part: np.ndarray, offset: tuple[int, int], size_hw: tuple[int, int]) -> dict[str, Any]:
+    """COCO's uncompressed RLE of a 0/1 (h, w) part placed at `offset` in an image of `size_hw`:
+    {"size": [H, W], "counts": [...]}, run lengths in column-major order starting with a run of 0s."""
+    (x1, y1), (h, w) = offset, size_hw
+    strip = np.zeros((h, part.shape[1]), np.uint8)  # the part's columns at full height
+    strip[y1:y1 + part.shape[0]] = part
+    flat = np.concatenate([np.zeros(x1 * h, np.uint8), strip.ravel(order="F"),
+                           np.zeros((w - x1 - part.shape[1]) * h, np.uint8)])
+    edges = np.flatnonzero(np.diff(flat)) + 1  # where a run ends and the next begins
+    bounds = np.concatenate([[0], edges, [flat.size]])
+    counts = np.diff(bounds).tolist()
+    return {"size": [h, w], "counts": ([0] + counts) if flat[0] else counts}
 
 
 def edge_polygons(part: np.ndarray, offset: tuple[int, int] = (0, 0)) -> list[list[int]]:
