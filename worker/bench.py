@@ -63,6 +63,7 @@ class CorpusResult:
     decode_ms: float
     preprocess_ms: float
     postprocess_ms: float
+    plain_preprocess_ms: float  # B's plain preprocessing, on one thread
     limit: float  # the issue's: cores / (1/bare_1t + stages)
     limit_parallel: float  # the same with inference at bare_parallel: cores / (cores/bare_parallel + stages)
     naive: float  # B: the loop with plain preprocessing
@@ -319,7 +320,8 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         lat = steady.pipeline_ms
         r = CorpusResult(model=model, width=width, images=len(files), bare_1t=med.one_t, bare_best=best,
                          bare_best_at=f"{bt}t b{bb}", bare_parallel=med.parallel, decode_ms=med.stages_ms[0],
-                         preprocess_ms=med.stages_ms[1], postprocess_ms=med.stages_ms[2], limit=med.limit,
+                         preprocess_ms=med.stages_ms[1], postprocess_ms=med.stages_ms[2],
+                         plain_preprocess_ms=med.plain_pre_ms, limit=med.limit,
                          limit_parallel=med.limit_parallel, naive=med.naive,
                          naive_worker_pre=med.naive_worker_pre, worker=f["images_per_s"],
                          worker_p50_ms=f["p50"], worker_p99_ms=f["p99"],
@@ -331,14 +333,15 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                          steady_landed_p50_ms=float(np.percentile(steady.landed_ms, 50)),
                          steady_landed_p99_ms=float(np.percentile(steady.landed_ms, 99)),
                          create_file_us=max(x.create_file_us for x in rounds_seen))
-        say(f"  {width} px: decode {r.decode_ms:.1f} ms, preprocess {r.preprocess_ms:.1f} ms, postprocess "
-            f"{r.postprocess_ms:.1f} ms; median round: A 1 thread {r.bare_1t:.1f} img/s -> limit {r.limit:.1f} "
-            f"img/s | B naive {r.naive:.1f}, B' {r.naive_worker_pre:.1f} | C worker run {r.worker:.1f} img/s (C/limit "
-            f"{r.ratio_limit:.2f}, C/limit-parallel {r.ratio_parallel:.2f}; C/B median {r.ratio_naive:.2f}, C/B' "
-            f"median {r.ratio_naive_worker_pre:.2f}), p50 {r.worker_p50_ms:.0f} "
-            f"ms p99 {r.worker_p99_ms:.0f} ms, peak RSS {r.worker_rss_peak_mb:.0f} MB | D watch mode, steady {rate:.1f} "
-            f"img/s: first {r.steady_first_ms:.0f} ms, p50 {r.steady_p50_ms:.0f} ms, p99 {r.steady_p99_ms:.0f} ms "
-            f"(p99/p50 {r.steady_p99_ms / r.steady_p50_ms:.2f}); landed to archived p50 {r.steady_landed_p50_ms:.0f} ms, "
+        say(f"  {width} px: decode {r.decode_ms:.1f} ms, preprocess {r.preprocess_ms:.1f} ms (plain "
+            f"{r.plain_preprocess_ms:.1f} ms), postprocess {r.postprocess_ms:.1f} ms; median round: A 1 thread "
+            f"{r.bare_1t:.1f} img/s -> limit {r.limit:.1f} img/s | B naive {r.naive:.1f}, B' "
+            f"{r.naive_worker_pre:.1f} | C worker run {r.worker:.1f} img/s (C/limit {r.ratio_limit:.2f}, "
+            f"C/limit-parallel {r.ratio_parallel:.2f}; C/B median {r.ratio_naive:.2f}, C/B' median "
+            f"{r.ratio_naive_worker_pre:.2f}), p50 {r.worker_p50_ms:.0f} ms p99 {r.worker_p99_ms:.0f} ms, peak RSS "
+            f"{r.worker_rss_peak_mb:.0f} MB | D watch mode, steady {rate:.1f} img/s: first {r.steady_first_ms:.0f} "
+            f"ms, p50 {r.steady_p50_ms:.0f} ms, p99 {r.steady_p99_ms:.0f} ms (p99/p50 "
+            f"{r.steady_p99_ms / r.steady_p50_ms:.2f}); landed to archived p50 {r.steady_landed_p50_ms:.0f} ms, "
             f"p99 {r.steady_landed_p99_ms:.0f} ms")
         results.append(r)
     return results

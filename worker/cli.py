@@ -185,6 +185,17 @@ def _parse_time(value: str | None) -> datetime | None:
     return t if t.tzinfo else t.replace(tzinfo=timezone.utc)
 
 
+def _cutoff(value: str) -> datetime:
+    """An ISO date/time (UTC if no zone), or an age back from now: 90d, 12h, 30m, 90s."""
+    try:
+        if "-" in value or ":" in value:  # a date or a time; an age has neither
+            return _parse_time(value)  # type: ignore[return-value]
+        return datetime.now(timezone.utc) - timedelta(seconds=_duration(value))
+    except click.BadParameter:
+        raise click.BadParameter(f"{value!r} is not an ISO date/time such as 2026-09-01 nor an age such as 90d "
+                                 f"or 12h") from None
+
+
 def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[str]) -> None:
     if fmt == "json":
         click.echo(json.dumps(rows, indent=1, default=str))
@@ -640,10 +651,7 @@ def db_prune(ctx: click.Context, before: str, vacuum: bool, db_url: str | None) 
     from worker.store.prune import prune, vacuum as vacuum_db
 
     cfg = _load(ctx, db=db_url)
-    if before[:1].isdigit() and before[-1:] in "smhd" and "-" not in before:
-        cutoff = datetime.now(timezone.utc) - timedelta(seconds=_duration(before))
-    else:
-        cutoff = _parse_time(before)  # type: ignore[assignment]
+    cutoff = _cutoff(before)
     engine = open_db(cfg.db, create=False)
     path = sqlite_file(cfg.db)
     size_before = path.stat().st_size if path is not None else None
