@@ -62,6 +62,9 @@ def build(folder: Path, samples: Path) -> dict[str, tuple[str, str]]:
         "caf\udce9.jpg": (jpeg, "done", ""),
         "d\udce4ta/n\udcfcmero.png": (cv2.imencode(".png", photo[::5, ::5])[1].tobytes(), "done", ""),
         "br\udcf6ken.jpg": (b"not an image at all\n" * 20, "failed", "not an image"),
+        # 250 bytes, near the filesystem's 255: its outputs' names (".json", ".error.json") are cut short
+        "長" * 82 + ".jpg": (jpeg, "done", ""),
+        "壊" * 82 + ".jpg": (jpeg[: len(jpeg) // 4], "failed", "truncated JPEG"),
     }
     exif = Image.Exif()
     exif[0x0112] = 6  # displayed rotated 90 degrees clockwise: upright is taller than wide

@@ -18,6 +18,7 @@ from tests import hostile
 from tests.conftest import image_rows, wait_for
 from worker.jobs import Job
 from worker.names import as_text
+from worker.outbox import output_rel
 from worker.service import open_pipeline, run_folder, watch
 from worker.store.db import open_db
 from worker.store.health import Health, RunState
@@ -53,6 +54,9 @@ def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
     assert doc["image"] == {"width": h, "height": w}, "EXIF orientation applied: the result is in upright coordinates"
     assert json.loads((effcfg.outbox / "--help.png.json").read_text())["task"] == "classify"
     assert (effcfg.outbox / "ünïcødé 画像.jpg.json").exists()
+    long_name = "長" * 82 + ".jpg"  # 250 bytes: "<name>.json" would be 255, its temporary name longer
+    assert output_rel(long_name) != long_name
+    assert json.loads((effcfg.outbox / f"{output_rel(long_name)}.json").read_text())["input"] == long_name
     # outputs keep a name's real bytes; the JSON, valid UTF-8, says it as the database does
     latin1 = json.loads((effcfg.outbox / "d\udce4ta" / "n\udcfcmero.png.json").read_bytes().decode("utf-8"))
     assert latin1["input"] == "d\\xe4ta/n\\xfcmero.png" and latin1["status"] == "done"
@@ -61,7 +65,7 @@ def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
     # for the symlink only the reason it was refused, and every failed input has its reason in the outbox
     assert [p.name for p in effcfg.outbox.rglob("link_outside*")] == ["link_outside.jpg.error.json"]
     for rel, (status, reason) in expected.items():
-        error = effcfg.outbox / f"{rel}.error.json"
+        error = effcfg.outbox / f"{output_rel(rel)}.error.json"
         assert error.exists() == (status == "failed"), rel
         assert status != "failed" or reason in json.loads(error.read_text())["error"], rel
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from worker.errors import WorkerError
-from worker.outbox import Outbox, inside, move_verified, write_atomic
+from worker.outbox import NAME_MAX, Outbox, fit_name, inside, move_verified, output_rel, write_atomic
 from worker.results import Classification, Mask
 
 
@@ -38,6 +38,39 @@ def test_each_name_holds_its_latest_outcome_results_or_an_error(tmp_path: Path) 
     assert sorted(p.name for p in out.iterdir()) == ["b.png.json", "b.png.mask.png"]
     assert Outbox(tmp_path / "quiet", write_errors=False).write_error("c.png", {}) is None
     assert not list((tmp_path / "quiet").iterdir())
+
+
+def test_names_too_long_for_their_outputs_are_cut_short_and_stay_apart() -> None:
+    assert fit_name("a.png", 12) == "a.png" and output_rel("d/a.png") == "d/a.png"
+    for stem in ("x" * 300, "長" * 100, "ab\udce9" * 80):  # ASCII, 3-byte characters, bytes that are not UTF-8
+        name = stem + ".jpg"
+        cut = fit_name(name, 12)
+        raw = os.fsencode(cut)
+        assert len(raw) <= NAME_MAX - 12 and cut.endswith(".jpg") and "~" in cut, cut
+        assert raw.startswith(os.fsencode(stem)[:200]), "its start kept"
+        if stem.isascii() or stem[0] == "長":
+            raw.decode("utf-8")  # never cut inside a character
+        assert fit_name(stem + "y.jpg", 12) != cut, "names sharing a long start stay apart"
+    long = "長" * 82 + ".jpg"  # 250 bytes: fits itself, not with ".overlay.jpg"
+    assert fit_name(long) == long and output_rel("d/" + long) == "d/" + fit_name(long, len(".overlay.jpg"))
+
+
+def test_an_image_with_a_name_near_the_limit_gets_its_outputs(tmp_path: Path) -> None:
+    box = Outbox(tmp_path / "out", write_overlays=True)
+    rel = "a/" + "長" * 82 + ".jpg"
+    mask = Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9)
+    json_rel, mask_rel = box.write(rel, mask, {"x": 1}, image=np.zeros((4, 4, 3), np.uint8))
+    assert (json_rel, mask_rel) == (output_rel(rel) + ".json", output_rel(rel) + ".mask.png")
+    written = sorted(p.name for p in (tmp_path / "out/a").iterdir())
+    assert written == sorted(os.path.basename(output_rel(rel)) + s for s in (".json", ".mask.png", ".overlay.jpg"))
+    assert box.write_error(rel, {"error": "x"}) == output_rel(rel) + ".error.json"
+    assert [p.name for p in (tmp_path / "out/a").iterdir()] == [os.path.basename(output_rel(rel)) + ".error.json"]
+    # the archive's "other content under this name" suffix cuts it short too
+    (tmp_path / "a").write_bytes(b"one")
+    (tmp_path / "b").write_bytes(b"two")
+    first = move_verified(tmp_path / "a", tmp_path / "arch" / ("長" * 84))
+    second = move_verified(tmp_path / "b", tmp_path / "arch" / ("長" * 84))
+    assert first != second and second.read_bytes() == b"two" and len(os.fsencode(second.name)) <= NAME_MAX
 
 
 def test_paths_cannot_escape(tmp_path: Path) -> None:

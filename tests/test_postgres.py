@@ -162,6 +162,29 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         db.dispose()
 
 
+def test_a_path_too_long_for_the_index_is_refused_alone(pg_url: str) -> None:
+    """PostgreSQL refuses an index entry over about 2.7 kB with "program limit exceeded", an OperationalError
+    like a server going away: that one image is refused and logged, and the recorder goes on with the
+    others instead of holding every event as if the server were down (as it did)."""
+    import secrets
+
+    from worker.store.recorder import Claimed, Commit, Recorder, RunInfo
+
+    db = open_db(pg_url)
+    rec = Recorder(db, RunInfo("run", "/in", "m", "", "cpu", {}))
+    try:
+        too_long = "/".join(secrets.token_hex(100) for _ in range(15)) + "/x.png"  # 3,000 bytes, no compressing them
+        refused, fine = Commit(), Commit()
+        rec.put(Claimed(too_long, "a" * 64, 10, refused))
+        rec.put(Claimed("fine.png", "b" * 64, 10, fine))
+        assert fine.wait(30), "the next image is recorded"
+        assert refused.is_set() and not refused.wait(0) and rec.refused == 1 and not rec.down
+    finally:
+        rec.abandon()  # had it held them (as it did), close would wait for the server for ever
+        rec.close()
+        db.dispose()
+
+
 @pytest.mark.timeout(300)
 def test_a_server_that_goes_away_pauses_the_run(cfg, tmp_path: Path, samples: Path, pg_server: Server,
                                                 monkeypatch, caplog) -> None:

@@ -43,6 +43,28 @@ def inside(root: Path, rel: str) -> Path:
     return root / norm
 
 
+NAME_MAX = 255  # bytes in one file name: ext4, XFS, Btrfs, tmpfs, ZFS and APFS alike
+
+
+def fit_name(name: str, room: int = 0) -> str:
+    """`name` (one path component) as it is when its bytes and `room` more fit in one file name;
+    otherwise cut short: its start (never inside a character), "~", 10 hex digits of the whole name's
+    sha256 (two long names that share a start stay apart) and its extension, `room` bytes under the limit.
+
+    A 243-byte name is 81 characters of Chinese or Japanese: a camera's or a scanner's long name must
+    not make its outputs fail with "File name too long"."""
+    raw = os.fsencode(name)
+    if len(raw) + room <= NAME_MAX:
+        return name
+    ext = os.fsencode(os.path.splitext(name)[1])
+    ext = ext if len(ext) <= 16 else b""
+    tag = b"~" + hashlib.sha256(raw).hexdigest()[:10].encode()
+    keep = NAME_MAX - room - len(tag) - len(ext)
+    while keep > 0 and 0x80 <= raw[keep] < 0xC0:  # a UTF-8 continuation byte: back to its character's start
+        keep -= 1
+    return os.fsdecode(raw[:keep] + tag + ext)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to a temporary name beside `path`, then rename it over `path`.
 
@@ -50,7 +72,8 @@ def write_atomic(path: Path, data: bytes) -> None:
     would make it 0600, unreadable to the people and services that collect results. The temporary
     name is unique per process and thread, so the only file it can meet is one left by a crash (then
     truncated; `remove_temporaries` clears those at start)."""
-    tmp = path.parent / f"{TMP_PREFIX}{path.name}.{os.getpid()}.{threading.get_native_id()}"
+    unique = f".{os.getpid()}.{threading.get_native_id()}"
+    tmp = path.parent / f"{TMP_PREFIX}{fit_name(path.name, len(TMP_PREFIX) + len(unique))}{unique}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
         fd = os.open(tmp, flags, 0o666)
@@ -69,11 +92,21 @@ def write_atomic(path: Path, data: bytes) -> None:
 # what an image's outcome leaves in the outbox: its results, or the reason it failed
 RESULT_SUFFIXES = (".json", ".mask.png", ".txt", ".overlay.jpg")
 ERROR_SUFFIX = ".error.json"
+_LONGEST_SUFFIX = max(len(s) for s in (*RESULT_SUFFIXES, ERROR_SUFFIX))
+
+
+def output_rel(rel: str) -> str:
+    """The name an image's outputs are written under, before their suffixes: `rel`, or with its file
+    name cut short (fit_name) where the longest suffix would not fit. The database and the JSON keep
+    `rel`; the returned paths (json_path, mask_path) say where its outputs are."""
+    folder, name = posixpath.split(rel)
+    return posixpath.join(folder, fit_name(name, _LONGEST_SUFFIX))
 
 
 class Outbox:
     """Writes <outbox>/<rel>.json and, as configured, .mask.png, .txt (YOLO) and .overlay.jpg; or, for a
-    failed image, <rel>.error.json. The outbox holds each name's latest outcome: results or an error."""
+    failed image, <rel>.error.json (with a name too long for that cut short: output_rel). The outbox
+    holds each name's latest outcome: results or an error."""
 
     def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True, write_yolo_txt: bool = False,
                  write_overlays: bool = False, write_errors: bool = True) -> None:
@@ -108,10 +141,11 @@ class Outbox:
         relative to the outbox, None when not configured."""
         if not self.write_errors:
             return None
-        error_rel = rel + ERROR_SUFFIX
+        out = output_rel(rel)
+        error_rel = out + ERROR_SUFFIX
         write_atomic(self._inside(error_rel), json.dumps(document, ensure_ascii=False).encode())
         for suffix in RESULT_SUFFIXES:
-            self._inside(rel + suffix).unlink(missing_ok=True)
+            self._inside(out + suffix).unlink(missing_ok=True)
         return error_rel
 
     def has_room(self, nbytes: int = ROOM_PROBE_BYTES) -> bool:
@@ -128,6 +162,7 @@ class Outbox:
 
     def _write(self, rel: str, result: Result, document: dict[str, Any],
                image: np.ndarray | None) -> tuple[str | None, str | None]:
+        rel = output_rel(rel)
         if isinstance(result, Detections) and self.write_yolo_txt:
             write_atomic(self._inside(rel + ".txt"), yolo_txt(result).encode())
         if self.write_overlays and image is not None:
@@ -169,7 +204,7 @@ def move_verified(src: Path, dst: Path) -> Path:
     st = os.lstat(src)
     if not stat.S_ISREG(st.st_mode):  # a named pipe with an image's name: never opened (it would block)
         if dst.exists():
-            dst = dst.with_name(f"{dst.name}.{st.st_ino}{dst.suffix}")
+            dst = dst.with_name(fit_name(f"{dst.name}.{st.st_ino}{dst.suffix}"))
         try:
             os.replace(src, dst)
         except OSError as e:
@@ -178,7 +213,7 @@ def move_verified(src: Path, dst: Path) -> Path:
     if dst.exists():
         digest = _sha256(src)[:12]
         if _sha256(dst)[:12] != digest:
-            dst = dst.with_name(f"{dst.name}.{digest}{dst.suffix}")
+            dst = dst.with_name(fit_name(f"{dst.name}.{digest}{dst.suffix}"))
     try:
         os.replace(src, dst)
         return dst

@@ -22,7 +22,7 @@ from worker.models.card import ModelCard, find_card, settings_digest
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.names import as_text
-from worker.outbox import Outbox, remove_temporaries
+from worker.outbox import Outbox, output_rel, remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.status import StatusLog
 from worker.store.db import open_db
@@ -220,7 +220,7 @@ def describe(outbox: Path, rel: str) -> str:
     """One line for an image's result, from its JSON in the outbox (for the demo's printout)."""
     import json
 
-    path = outbox / f"{rel}.json"
+    path = outbox / f"{output_rel(rel)}.json"
     if not path.exists():
         return "(no result)"
     doc = json.loads(path.read_text())

@@ -136,4 +136,6 @@ def database_wide(error: BaseException) -> bool:
     one event (a constraint, a bad value): PEP 249's OperationalError or InterfaceError, as the driver
     raised it (the recorder's compiled statements) or wrapped by SQLAlchemy."""
     orig = getattr(error, "orig", None) or error
+    if str(getattr(orig, "sqlstate", None) or "").startswith("54"):  # PostgreSQL's "program limit exceeded":
+        return False  # an OperationalError there, yet one event's (a path too long for the index), not the server's
     return any(c.__name__ in ("OperationalError", "InterfaceError") for c in (*type(error).__mro__, *type(orig).__mro__))
