@@ -43,7 +43,7 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> Non
 @pytest.mark.parametrize("text, needle", [
     ("inboxx: x\n", "unknown key 'inboxx'"),
     ("pipeline:\n  max_batch: four\n", "'pipeline.max_batch' must be a non-negative integer"),
-    ("watch:\n  observer: fast\n", "'watch.observer' must be one of native, polling"),
+    ("watch:\n  observer: fast\n", "'watch.observer' must be one of auto, native, polling"),
     ("engine: [1]\n", "engine: expected a mapping"),
     ("engine:\n  require_gpu: 1\n", "'engine.require_gpu' must be true or false"),
     ("inbox: [\n", "not valid YAML"),

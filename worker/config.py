@@ -27,7 +27,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", "
 
 @dataclass(frozen=True)
 class WatchConfig:
-    observer: Literal["native", "polling"] = "native"
+    # auto: polling where the inbox is on a network share (NFS, SMB: no inotify event for another machine's
+    # files), native (inotify etc.) elsewhere
+    observer: Literal["auto", "native", "polling"] = "auto"
     settle_s: float = 1.0  # size and mtime unchanged this long => fully written (polling, copy tools)
     poll_interval_s: float = 1.0  # polling observer period
     rescan_interval_s: float = 30.0  # periodic inbox rescan, catches missed events; 0 disables

@@ -27,6 +27,7 @@ from worker.errors import WorkerError
 from worker.intake.scan import is_candidate, walk
 from worker.jobs import Job
 from worker.locks import flocked
+from worker.mounts import network_filesystem
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,22 @@ class _StopRace(logging.Filter):
 
 
 _STOP_RACE = _StopRace()
+
+
+def observer_kind(kind: str, root: Path, poll_interval_s: float = 1.0) -> str:
+    """`watch.observer` for the inbox at `root`: auto is polling on a network share (an NFS or SMB mount:
+    inotify makes no event for a file another machine writes there), native elsewhere. A native
+    observer asked for on a share is kept, with a warning."""
+    share = network_filesystem(root) if kind != "polling" else None
+    if share is not None and kind == "auto":
+        log.info("%s is on a network share (%s): polling it every %g s (watch.observer: auto)", root, share,
+                 poll_interval_s)
+        return "polling"
+    if share is not None:
+        log.warning("%s is on a network share (%s): inotify makes no event for a file another machine writes "
+                    "there, so such files wait for the rescan (watch.rescan_interval_s); watch.observer: auto "
+                    "or polling polls it", root, share)
+    return "polling" if kind == "polling" else "native"
 
 
 def make_observer(kind: str, poll_interval_s: float = 1.0) -> BaseObserver:
@@ -275,9 +292,10 @@ class WatchedInbox:
     log says so once, and nothing is taken."""
 
     def __init__(self, intake: Intake, kind: str, poll_interval_s: float) -> None:
-        self.intake, self._kind, self._poll_interval_s = intake, kind, poll_interval_s
+        self.intake, self._configured, self._poll_interval_s = intake, kind, poll_interval_s
+        self._kind = observer_kind(kind, intake.root, poll_interval_s)  # auto resolved: native or polling
         self._identity = folder_identity(intake.root)
-        self._observer: BaseObserver | None = start_observer(intake, kind, poll_interval_s)
+        self._observer: BaseObserver | None = start_observer(intake, self._kind, poll_interval_s)
         self._lock = contextlib.ExitStack()  # inbox_lock on a replacement folder (the first one is the caller's)
         self._state = "watching"  # or "gone", "taken" (another worker watches the replacement)
         self._next_check = time.monotonic() + INBOX_CHECK_S
@@ -315,6 +333,7 @@ class WatchedInbox:
                 self._state = "taken"
             return
         self._identity, self._state = identity, "watching"
+        self._kind = observer_kind(self._configured, root, self._poll_interval_s)  # mounted again: maybe a share now
         self._observer = start_observer(self.intake, self._kind, self._poll_interval_s)
         log.warning("%s: the inbox was replaced (deleted and made again, or mounted again): watching the new "
                     "folder", root)

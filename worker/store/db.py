@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Iterator
 
@@ -15,6 +16,9 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 from worker.config import PROJECT_ROOT
 from worker.errors import StoreError
 from worker.locks import flocked
+from worker.mounts import network_filesystem
+
+log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -126,6 +130,10 @@ def open_db(url: str, create: bool = True) -> Engine:
     if not create and (path := sqlite_file(url)) is not None and not path.exists():
         raise StoreError(f"no database at {path.absolute()} (`worker run` or `worker watch` makes it; "
                          f"--db or the config's db names another)")
+    if create and (path := sqlite_file(url)) is not None and (share := network_filesystem(path.absolute().parent)):
+        log.warning("database %s is on a network share (%s): SQLite's WAL mode needs a local disk (a share's "
+                    "locks are not to be trusted, and no other machine can use the file meanwhile): put it on a "
+                    "local disk, or use PostgreSQL", path.absolute(), share)
     engine = make_engine(url)
     upgrade(engine)
     return engine
