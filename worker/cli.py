@@ -120,7 +120,9 @@ def cli(ctx: click.Context, config_path: Path | None, verbose: bool) -> None:
 def watch(ctx: click.Context, **overrides: Any) -> None:
     """Watch the inbox and process every image that arrives; Ctrl-C stops.
 
-    Inputs move to <archive>/done/ or <archive>/failed/ once recorded (--inputs: or are deleted, or kept).
+    Once its outcome is recorded, each input moves to <archive>/done/ or <archive>/failed/ (or, with
+    --inputs, is deleted or kept). An inbox on a network share (NFS, SMB) is polled: see watch.observer
+    in config.yaml.
 
     \b
     Example:
