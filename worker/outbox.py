@@ -51,8 +51,8 @@ def fit_name(name: str, room: int = 0) -> str:
     otherwise cut short: its start (never inside a character), "~", 10 hex digits of the whole name's
     sha256 (two long names that share a start stay apart) and its extension, `room` bytes under the limit.
 
-    A 243-byte name is 81 characters of Chinese or Japanese: a camera's or a scanner's long name must
-    not make its outputs fail with "File name too long"."""
+    The outputs add up to 12 bytes to an input's name (".overlay.jpg"): an input name over 243 bytes,
+    about 80 characters of Chinese or Japanese, would otherwise fail them with "File name too long"."""
     raw = os.fsencode(name)
     if len(raw) + room <= NAME_MAX:
         return name
