@@ -73,7 +73,7 @@ def test_auto_polls_an_inbox_on_a_share_and_watches_a_local_one_natively(tmp_pat
     assert said[1][0] == "WARNING" and "wait for the rescan" in said[1][1] and len(said) == 2
     watched = WatchedInbox(Intake(on_a_share, (".jpg",), 1.0, 0.0, lambda job: None), "auto", 0.5)
     try:
-        assert type(watched._observer).__name__ == "PollingObserver"
+        assert watched.kind == "polling" and type(watched._observer).__name__ == "PollingObserver"
     finally:
         watched.stop()
 

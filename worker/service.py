@@ -188,7 +188,8 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
                         lambda job: pipeline.submit(job, stop, waiting=check),
                         done=pipeline.kept if cfg.inputs.watch == "keep" else None)
         watched = None if burst else WatchedInbox(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
-        log.info("watching %s (model %s, providers %s)", inbox, pipeline.card.name, ",".join(pipeline.engine.providers))
+        log.info("watching %s (model %s, providers %s, %s observer)", inbox, pipeline.card.name,
+                 ",".join(pipeline.engine.providers), watched.kind if watched is not None else "no")
         if ready is not None:
             ready.set()
         try:

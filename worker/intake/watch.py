@@ -368,6 +368,11 @@ class WatchedInbox:
                   "watch.observer: polling", self.intake.root, total - missing, total, self._limit, when,
                   COVERAGE_CHECK_S)
 
+    @property
+    def kind(self) -> str:
+        """The observer watching the inbox: native or polling (watch.observer's auto resolved)."""
+        return self._kind
+
     def stop(self) -> None:
         self._stop_observer()
         self._lock.close()
