@@ -10,7 +10,9 @@ machine (root, with the openssh-server and sshfs packages):
     mkdir -p /run/sshd /tmp/nas/backing /mnt/share && ssh-keygen -A
     ssh-keygen -q -t ed25519 -N '' -f ~/.ssh/id_ed25519 && cat ~/.ssh/id_ed25519.pub >> ~/.ssh/authorized_keys
     /usr/sbin/sshd -p 2222 -o ListenAddress=127.0.0.1 -o PermitRootLogin=yes
-    sshfs -p 2222 -o StrictHostKeyChecking=no root@127.0.0.1:/tmp/nas/backing /mnt/share  # -o dir_cache=no: no listing cache
+    sshfs -p 2222 -o StrictHostKeyChecking=no root@127.0.0.1:/tmp/nas/backing /mnt/share
+
+(add `-o dir_cache=no` to the sshfs command for a share that does not cache its listings).
 
 Starts `worker watch --inbox MOUNT/in` with the given observer (outbox, archive and database in a
 temporary folder), writes a sample PNG into BACKING/in every 3.3 s (under a hidden name, then renamed),
