@@ -13,11 +13,14 @@ import os
 import re
 from pathlib import Path
 
-# filesystems whose files other machines write (FUSE types as the kernel names them: fuse.<program>)
+# filesystems whose files other machines write (FUSE types as the kernel names them: fuse.<program>), and a
+# virtual machine's folders shared from its host (virtiofs, VirtualBox, VMware; WSL's drvfs and 9p for C:\),
+# where the host's writes make no inotify event in the guest either
 NETWORK_FILESYSTEMS = frozenset({
     "nfs", "nfs4", "cifs", "smb3", "smbfs", "ncpfs", "afs", "9p", "ceph", "glusterfs", "lustre", "gpfs",
     "beegfs", "davfs", "fuse.sshfs", "fuse.glusterfs", "fuse.cephfs", "fuse.rclone", "fuse.s3fs",
     "fuse.gcsfuse", "fuse.davfs2", "fuse.juicefs", "fuse.moosefs", "fuse.lizardfs",
+    "virtiofs", "vboxsf", "fuse.vmhgfs-fuse", "drvfs",
 })
 MOUNTINFO = Path("/proc/self/mountinfo")
 _OCTAL = re.compile(r"\\([0-7]{3})")  # mountinfo writes space, tab, newline and backslash as \040 etc.
