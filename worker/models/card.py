@@ -114,8 +114,11 @@ def settings_digest(card: ModelCard) -> str:
 
     Settings at their defaults are left out: a version that adds a setting, at a default that keeps
     what was done before, must not make every image done so far count as done differently."""
-    shaping = {k: _set_only(getattr(card, k)) for k in _SHAPING}
-    return hashlib.sha256(json.dumps(shaping, sort_keys=True, default=str).encode()).hexdigest()
+    return _digest({k: _set_only(getattr(card, k)) for k in _SHAPING})
+
+
+def _digest(settings: dict[str, object]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def accepted_digests(card: ModelCard) -> frozenset[str]:
@@ -134,7 +137,7 @@ def accepted_digests(card: ModelCard) -> frozenset[str]:
                if getattr(value, f.name) != _default(f)):  # a later setting in use: done before means not done
             return frozenset(digests)
         v1[key] = {name: getattr(value, name) for name in known}
-    digests.add(hashlib.sha256(json.dumps(v1, sort_keys=True, default=str).encode()).hexdigest())
+    digests.add(_digest(v1))
     return frozenset(digests)
 
 
