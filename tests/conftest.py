@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from worker import mounts
 from worker.config import Config, load
 from worker.models.card import find_card
 from worker.models.pull import pull
@@ -56,6 +57,18 @@ def run_on(tmp: Path, samples: Path, names, model: str):
     cfg = dataclasses.replace(base, outbox=tmp / "outbox", db=f"sqlite:///{tmp / 'w.db'}", cache_dir=CACHE,
                               models_dir=ROOT / "models", model=model)
     return cfg, run_folder(cfg, folder)
+
+
+@pytest.fixture
+def on_a_share(tmp_path: Path, monkeypatch) -> Path:
+    """tmp_path/share, which the mount table (this machine's, with one line added) says is an NFS mount."""
+    share = tmp_path / "share"
+    share.mkdir()
+    table = tmp_path / "mountinfo"
+    table.write_text(mounts.MOUNTINFO.read_text()
+                     + f"999 22 0:99 / {share.resolve()} rw,relatime - nfs4 nas:/export rw,vers=4.2\n")
+    monkeypatch.setattr(mounts, "MOUNTINFO", table)
+    return share
 
 
 @pytest.fixture

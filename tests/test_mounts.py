@@ -49,18 +49,6 @@ def test_this_machines_table_agrees_with_findmnt(tmp_path: Path) -> None:
         assert mounts.filesystem_type(path) == expected, path
 
 
-@pytest.fixture
-def on_a_share(tmp_path: Path, monkeypatch) -> Path:
-    """tmp_path/share, which the mount table (this machine's, with one line added) says is an NFS mount."""
-    share = tmp_path / "share"
-    share.mkdir()
-    table = tmp_path / "mountinfo"
-    table.write_text(mounts.MOUNTINFO.read_text()
-                     + f"999 22 0:99 / {share.resolve()} rw,relatime - nfs4 nas:/export rw,vers=4.2\n")
-    monkeypatch.setattr(mounts, "MOUNTINFO", table)
-    return share
-
-
 def test_auto_polls_an_inbox_on_a_share_and_watches_a_local_one_natively(tmp_path: Path, on_a_share: Path,
                                                                          caplog) -> None:
     with caplog.at_level(logging.INFO, logger="worker.intake.watch"):

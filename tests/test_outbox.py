@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from worker.errors import WorkerError
-from worker.outbox import NAME_MAX, Outbox, fit_name, inside, move_verified, output_rel, write_atomic
+import worker.outbox as outbox_mod
+from worker.outbox import (NAME_MAX, TMP_PREFIX, Outbox, fit_name, inside, move_verified, output_rel,
+                           remove_temporaries, write_atomic)
 from worker.results import Classification, Mask
 
 
@@ -127,3 +129,38 @@ def test_a_temporary_left_by_a_crash_is_overwritten(tmp_path: Path) -> None:
     (out / f".tmp-a.json.{os.getpid()}.{threading.get_native_id()}").write_bytes(b"half a file from a crash")
     write_atomic(out / "a.json", b"{}")
     assert (out / "a.json").read_bytes() == b"{}" and [p.name for p in out.iterdir()] == ["a.json"]
+
+
+def _temporaries(folder: Path, writers: dict[str, int]) -> set[str]:
+    """A temporary in `folder` per writer's pid, as write_atomic names them; plus one in a foreign format."""
+    folder.mkdir(exist_ok=True)
+    for tag, pid in writers.items():
+        (folder / f"{TMP_PREFIX}{tag}.json.{pid}.{pid + 1}").write_bytes(b"half")
+    (folder / f"{TMP_PREFIX}odd").write_bytes(b"half")
+    return {p.name for p in folder.iterdir()}
+
+
+def test_only_a_crashs_temporaries_are_removed_never_a_live_workers(tmp_path: Path, on_a_share: Path,
+                                                                    monkeypatch) -> None:
+    """Two workers sharing an outbox: the second's start left the first's temporaries alone (before: it
+    removed them all, and the first failed an image with "cannot write its outputs ...: No such file")."""
+    import subprocess
+    import sys
+
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        writers = {"live": live.pid, "dead": dead.pid, "mine": os.getpid()}  # mine: a container's previous life
+        here = _temporaries(tmp_path / "out", writers)
+        assert remove_temporaries(tmp_path / "out") == 2
+        gone = here - {p.name for p in (tmp_path / "out").iterdir()}
+        assert gone == {f"{TMP_PREFIX}{tag}.json.{writers[tag]}.{writers[tag] + 1}" for tag in ("dead", "mine")}
+        _temporaries(on_a_share, writers)  # another host's workers may write there: their pids say nothing here
+        assert remove_temporaries(on_a_share) == 0
+        monkeypatch.setattr(outbox_mod, "STALE_TEMP_S", 0.0)  # untouched this long: a crash's, whoever wrote it
+        assert remove_temporaries(on_a_share) == 4 and remove_temporaries(tmp_path / "out") == 2
+        assert not list(tmp_path.rglob(f"{TMP_PREFIX}*"))
+    finally:
+        live.kill()
+        live.wait()

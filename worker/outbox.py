@@ -11,10 +11,12 @@ import hashlib
 import json
 import os
 import posixpath
+import re
 import shutil
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +26,9 @@ import numpy as np
 from worker.draw import overlay, yolo_txt
 from worker.errors import OutboxFull, WorkerError
 from worker.maskpng import encode_class_png, encode_mask_png
+from worker.mounts import network_filesystem
 from worker.names import as_text
+from worker.processes import earlier_life
 from worker.results import ClassMask, Detections, Mask, Result
 
 TMP_PREFIX = ".tmp-"
@@ -65,6 +69,16 @@ def fit_name(name: str, room: int = 0) -> str:
     return os.fsdecode(raw[:keep] + tag + ext)
 
 
+# a temporary's name ends with its writer's pid and thread: remove_temporaries tells a crash's from a
+# live worker's by it; a temporary that nothing has changed for this long is a crash's whatever its name
+STALE_TEMP_S = 3600.0
+_OWNER = re.compile(r"\.(\d+)\.\d+$")
+
+
+def _owner_suffix() -> str:
+    return f".{os.getpid()}.{threading.get_native_id()}"
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to a temporary name beside `path`, then rename it over `path`.
 
@@ -72,7 +86,7 @@ def write_atomic(path: Path, data: bytes) -> None:
     would make it 0600, unreadable to the people and services that collect results. The temporary
     name is unique per process and thread, so the only file it can meet is one left by a crash (then
     truncated; `remove_temporaries` clears those at start)."""
-    unique = f".{os.getpid()}.{threading.get_native_id()}"
+    unique = _owner_suffix()
     tmp = path.parent / f"{TMP_PREFIX}{fit_name(path.name, len(TMP_PREFIX) + len(unique))}{unique}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
     try:
@@ -150,7 +164,7 @@ class Outbox:
 
     def has_room(self, nbytes: int = ROOM_PROBE_BYTES) -> bool:
         """Whether a file of `nbytes` can be written under the root now (written, then removed)."""
-        probe = self.root / f"{TMP_PREFIX}room.{os.getpid()}.{threading.get_native_id()}"
+        probe = self.root / f"{TMP_PREFIX}room{_owner_suffix()}"
         try:
             with open(probe, "wb") as f:
                 f.write(bytes(nbytes))
@@ -185,10 +199,23 @@ class Outbox:
 
 
 def remove_temporaries(root: Path) -> int:
-    """Delete the temporary files a crash left behind under root (never complete outputs)."""
+    """Delete the temporary files a crash left behind under root (never complete outputs).
+
+    Another worker may be writing into the same folder (two `worker run`s of one folder share an
+    outbox): its temporaries are its own, in flight. A temporary is left over when the process its
+    name gives (see _owner_suffix) is gone from this host, or when nothing has changed it for
+    STALE_TEMP_S. On a network share, which other hosts' workers write, only the latter."""
     n = 0
-    if root.exists():
-        for p in root.rglob(TMP_PREFIX + "*"):
+    if not root.exists():
+        return n
+    shared = network_filesystem(root)
+    for p in root.rglob(TMP_PREFIX + "*"):
+        owner = _OWNER.search(p.name)
+        try:
+            stale = time.time() - p.lstat().st_ctime >= STALE_TEMP_S
+        except FileNotFoundError:  # its writer renamed it meanwhile
+            continue
+        if stale or (not shared and owner is not None and earlier_life(int(owner[1]))):
             p.unlink(missing_ok=True)
             n += 1
     return n
@@ -222,7 +249,7 @@ def move_verified(src: Path, dst: Path) -> Path:
             raise
     if not os.access(src.parent, os.W_OK):  # a read-only share: the copy would be made, the source never removed
         raise PermissionError(errno.EACCES, f"{src.parent} is not writable: the file cannot be moved out of it")
-    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=TMP_PREFIX)
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f"{TMP_PREFIX}copy-", suffix=_owner_suffix())
     os.close(fd)
     try:
         shutil.copy2(src, tmp)

@@ -18,6 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine, bindparam, select
 
+from worker.processes import earlier_life
 from worker.store.db import database_wide
 from worker.store.schema import ImageRow, Run
 
@@ -150,18 +151,7 @@ def _running(host: str, pid: int) -> bool:
     one (a container restarts its worker under the same pid: then the run is a previous life's)."""
     if host != socket.gethostname():
         return True
-    return pid != os.getpid() and process_exists(pid)
-
-
-def process_exists(pid: int) -> bool:
-    """Whether a process with this pid exists on this host (whoever owns it)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by another user
-        return True
-    return True
+    return not earlier_life(pid)
 
 
 def _compiled(stmt: Any, engine: Engine) -> tuple[str, tuple[str, ...] | None]:
