@@ -14,6 +14,7 @@ import os
 import stat
 import threading
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
@@ -53,6 +54,17 @@ class _StopRace(logging.Filter):
 
 
 _STOP_RACE = _StopRace()
+
+
+def quiet_rewatch_warning() -> None:
+    """watchdog's inotify backend warns "Callback with id ... already exists for watch ... It will be
+    Overwritten." when a folder made in the inbox is added twice, by its parent's recursive walk and by
+    its own creation event: the same callback replaces itself, nothing is missed (the review of watchdog
+    PR #1278 says as much), and the RuntimeWarning only alarmed whoever read the worker's stderr."""
+    warnings.filterwarnings("ignore", r"Callback with id .* already exists for watch", RuntimeWarning)
+
+
+quiet_rewatch_warning()
 
 
 def observer_kind(kind: str, root: Path, poll_interval_s: float = 1.0) -> str:
