@@ -254,3 +254,36 @@ def test_a_file_changed_just_before_its_read_gets_no_stamp(cfg, tmp_path: Path, 
     monkeypatch.setattr(ledger, "SETTLED_S", 0.0)  # settled now: read once more and stamped, then known
     figures = [run_folder(cfg, folder).figures for _ in range(2)]
     assert [(f["done"], f["skipped"], f["skipped_unread"]) for f in figures] == [(0, 1, 0), (0, 1, 1)]
+
+
+def test_a_run_into_an_outbox_other_folders_wrote_says_so(cfg, tmp_path: Path, caplog, monkeypatch) -> None:
+    """Outputs are named by the path relative to the folder: day2/a.png's overwrite day1/a.png's in a
+    shared outbox. The start says so, naming the other folders; a folder's own reruns, and another
+    outbox, do not (before: nothing said it, only the database kept day1's result)."""
+    import dataclasses
+    import hashlib
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="worker.service")
+    folders = [tmp_path / "day1", tmp_path / "day2"]
+    for folder in folders:
+        folder.mkdir()
+        (folder / "a.png").write_text(f"{folder.name}: a text file named .png")  # fails fast, has outputs
+
+    def shared_warnings(cfg, folder: Path) -> list[str]:
+        caplog.clear()
+        run_folder(cfg, folder)
+        return [r.getMessage() for r in caplog.records if "also holds the outputs" in r.getMessage()]
+
+    assert shared_warnings(cfg, folders[0]) == [] and shared_warnings(cfg, folders[0]) == []
+    (said,) = shared_warnings(cfg, folders[1])
+    assert said.startswith(f"{cfg.outbox.absolute()} also holds the outputs of earlier runs over {folders[0]}:")
+    sha = {json.loads((cfg.outbox / "a.png.error.json").read_text())["sha256"]}  # day1's outcome file is gone
+    assert sha == {hashlib.sha256((folders[1] / "a.png").read_bytes()).hexdigest()}
+    (said,) = shared_warnings(cfg, folders[0])
+    assert f"earlier runs over {folders[1]}:" in said
+    monkeypatch.chdir(tmp_path)  # a relative --outbox: the folder it names is what counts
+    elsewhere = dataclasses.replace(cfg, outbox=Path("other-out"))
+    assert shared_warnings(elsewhere, folders[0]) == [] and shared_warnings(elsewhere, folders[0]) == []
+    (said,) = shared_warnings(elsewhere, folders[1])
+    assert said.startswith(f"{tmp_path / 'other-out'} also holds")

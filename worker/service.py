@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import threading
@@ -10,6 +11,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
+
+import sqlalchemy
 
 from worker.config import Config, Disposition
 from worker.engine import Engine, default_threads
@@ -26,6 +29,7 @@ from worker.outbox import Outbox, output_rel, remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.status import StatusLog
 from worker.store.db import open_db
+from worker.store.queries import other_roots
 from worker.store.recorder import Recorder, RunInfo
 from worker.tasks import adapter_for
 
@@ -58,6 +62,17 @@ def _check_dirs(cfg: Config, root: Path, archive: Path | None) -> None:
             raise ConfigError(f"{cfg.source or 'config'}: '{name}' ({path}) is not writable")
 
 
+def _warn_shared_outbox(db: sqlalchemy.Engine, outbox: Path, root: Path) -> None:
+    """Say so when other folders' runs wrote into this outbox: same-named images overwrite each other's
+    outputs there, silently but for this (the database keeps every result)."""
+    others = other_roots(db, as_text(str(outbox)), as_text(str(root)))
+    if others:
+        shown = ", ".join(others[-3:]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        log.warning("%s also holds the outputs of earlier runs over %s: an image here with the same path "
+                    "relative to its folder as one there overwrites its outputs (the database keeps both "
+                    "results); give each folder its own --outbox to keep both", outbox, shown)
+
+
 @contextmanager
 def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None = None,
                   on_finished: Callable[[Job, JobStatus], None] | None = None,
@@ -65,6 +80,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     """Card, model, database, engine (warmed up), recorder, outbox and pipeline, closed in order.
 
     `inputs`: what becomes of each input once its outcome is committed (None: nothing, nor any wait)."""
+    cfg = dataclasses.replace(cfg, outbox=cfg.outbox.absolute())  # as recorded: see _warn_shared_outbox
     archive = cfg.archive if inputs in ("move", "delete") else None
     _check_dirs(cfg, root, archive)
     stabilize_allocator()
@@ -72,6 +88,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     onnx = pull(card, cfg.cache_dir)
     card = with_labels(card, cfg.cache_dir)
     db = open_db(cfg.db)
+    _warn_shared_outbox(db, cfg.outbox, root)
     p = cfg.pipeline
     auto_decode, auto_infer, auto_intra = default_threads()
     engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or auto_intra, card.input.name,
@@ -207,8 +224,6 @@ DEMO_MODELS = ("ppocr-det", "efficientnet-lite0", "yolov3-tiny")
 
 def demo(cfg: Config, models: tuple[str, ...] = DEMO_MODELS) -> tuple[Path, list[Summary]]:
     """Fetch the sample images and run each model over them, each into <outbox>/<model>/."""
-    import dataclasses
-
     from worker.samples import fetch_samples
 
     folder = fetch_samples(cfg.cache_dir)

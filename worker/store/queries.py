@@ -45,6 +45,16 @@ class Filters:
     limit: int = 1000
 
 
+def other_roots(db: Engine, outbox: str, root: str) -> list[str]:
+    """The folders other than `root` (inboxes, folders run or soaked) whose runs in this database wrote
+    into `outbox`, first used first. Outputs are named by the path relative to the folder, so an image
+    of `root` and one of such a folder with the same relative path overwrite each other's outputs."""
+    with db.connect() as c:
+        rows = c.execute(select(Run.root, Run.config).where(Run.root != root, Run.mode != "bench")
+                         .order_by(Run.id)).all()
+    return list(dict.fromkeys(r.root for r in rows if isinstance(r.config, dict) and r.config.get("outbox") == outbox))
+
+
 def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
     """One row per image: status, error, score, top label and total latency."""
     top_label = (select(LabelRow.name).where(LabelRow.image_id == ImageRow.id)
