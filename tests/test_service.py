@@ -6,7 +6,7 @@ import json
 import shutil
 from pathlib import Path
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from worker.service import run_folder
 from worker.store.db import open_db
@@ -287,3 +287,9 @@ def test_a_run_into_an_outbox_other_folders_wrote_says_so(cfg, tmp_path: Path, c
     assert shared_warnings(elsewhere, folders[0]) == [] and shared_warnings(elsewhere, folders[0]) == []
     (said,) = shared_warnings(elsewhere, folders[1])
     assert said.startswith(f"{tmp_path / 'other-out'} also holds")
+    db = open_db(cfg.db)  # a run on another host (a shared PostgreSQL): its folder named with its host
+    with db.begin() as c:
+        c.execute(update(Run).where(Run.root == str(folders[0])).values(host="scanner-2"))
+    db.dispose()
+    (said,) = shared_warnings(cfg, folders[1])
+    assert f"earlier runs over scanner-2:{folders[0]}:" in said

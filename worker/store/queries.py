@@ -5,6 +5,7 @@ The per-image skip check is in ledger.py."""
 from __future__ import annotations
 
 import posixpath
+import socket
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -47,12 +48,15 @@ class Filters:
 
 def other_roots(db: Engine, outbox: str, root: str) -> list[str]:
     """The folders other than `root` (inboxes, folders run or soaked) whose runs in this database wrote
-    into `outbox`, first used first. Outputs are named by the path relative to the folder, so an image
-    of `root` and one of such a folder with the same relative path overwrite each other's outputs."""
+    into `outbox`, first used first; a folder of another host as `host:folder` (the same path there
+    may be another folder). Outputs are named by the path relative to the folder, so an image of
+    `root` and one of such a folder with the same relative path overwrite each other's outputs."""
+    here = socket.gethostname()
     with db.connect() as c:
-        rows = c.execute(select(Run.root, Run.config).where(Run.root != root, Run.mode != "bench")
+        rows = c.execute(select(Run.host, Run.root, Run.config).where(Run.root != root, Run.mode != "bench")
                          .order_by(Run.id)).all()
-    return list(dict.fromkeys(r.root for r in rows if isinstance(r.config, dict) and r.config.get("outbox") == outbox))
+    return list(dict.fromkeys(r.root if r.host == here else f"{r.host}:{r.root}" for r in rows
+                              if isinstance(r.config, dict) and r.config.get("outbox") == outbox))
 
 
 def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
