@@ -348,7 +348,10 @@ def test_watchdogs_warning_for_a_folder_watched_twice_is_not_shown(tmp_path: Pat
         with warnings.catch_warnings(record=True) as seen:
             warnings.resetwarnings()  # without pytest's filters (-W default would show every warning)
             warnings.simplefilter("always")
-            watch_module.quiet_rewatch_warning()
+            observer = watch_module.make_observer("native")  # installs the filter
+            observer.start()
+            observer.stop()
+            observer.join()
             for _ in range(2):
                 fd.add_callback(os.fsencode(tmp_path), InotifyConstants.IN_CREATE, Callback(), 1)
             warnings.warn("another warning", RuntimeWarning)

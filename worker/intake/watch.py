@@ -60,11 +60,10 @@ def quiet_rewatch_warning() -> None:
     """watchdog's inotify backend warns "Callback with id ... already exists for watch ... It will be
     Overwritten." when a folder made in the inbox is added twice, by its parent's recursive walk and by
     its own creation event: the same callback replaces itself, nothing is missed (the review of watchdog
-    PR #1278 says as much), and the RuntimeWarning only alarmed whoever read the worker's stderr."""
+    PR #1278 says as much), and the RuntimeWarning only alarmed whoever read the worker's stderr.
+    Installed when an observer is made, not at import: a caller's `catch_warnings` around the import
+    (pytest's around collection) would drop it again. Adding it again replaces it."""
     warnings.filterwarnings("ignore", r"Callback with id .* already exists for watch", RuntimeWarning)
-
-
-quiet_rewatch_warning()
 
 
 def observer_kind(kind: str, root: Path, poll_interval_s: float = 1.0) -> str:
@@ -85,7 +84,8 @@ def observer_kind(kind: str, root: Path, poll_interval_s: float = 1.0) -> str:
 
 def make_observer(kind: str, poll_interval_s: float = 1.0) -> BaseObserver:
     """The only place that picks the observer backend: native (inotify, ...) or polling (network shares),
-    and the one place that tunes watchdog's inotify backend (its move-pairing wait, its stop-race log)."""
+    and the one place that tunes watchdog's inotify backend (its move-pairing wait, its stop-race log,
+    its warning for a folder added twice)."""
     if kind == "polling":
         return PollingObserver(timeout=poll_interval_s)
     try:
@@ -95,6 +95,7 @@ def make_observer(kind: str, poll_interval_s: float = 1.0) -> BaseObserver:
     else:
         InotifyMoveEventGrouper.delay = MOVE_PAIRING_S
         logging.getLogger("watchdog.observers.inotify").addFilter(_STOP_RACE)  # adding it again is a no-op
+        quiet_rewatch_warning()
     return Observer()
 
 
