@@ -582,9 +582,9 @@ def test_two_runs_of_one_folder_share_the_work(effnet_onnx: Path, tmp_path: Path
         rows = c.execute(select(ImageRow.rel_path, ImageRow.run_id, ImageRow.status, ImageRow.attempts,
                                 ImageRow.error)).all()
         results = c.execute(text("SELECT count(*) FROM results")).scalar()
-    # before the outbox's start kept the other worker's temporaries: one CI run failed img000.png ("cannot
-    # write its outputs ...: No such file or directory"), another left an image at attempts 2 (failed by
-    # one worker, then claimed again by the other)
+    # before a worker's start left the other's temporary files alone (it deleted them in flight): one CI
+    # run failed img000.png ("cannot write its outputs ...: No such file or directory"), another left an
+    # image at attempts 2 (failed by one worker, then claimed again by the other)
     odd = [r for r in rows if r.status != "done" or r.attempts != 1]
     assert len(rows) == 300 and not odd and results == 300, (odd, [err for _, err in outs])
     done = [int(re.search(r"done (\d+),", out)[1]) for out, _ in outs]
