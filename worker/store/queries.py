@@ -53,8 +53,7 @@ def other_roots(db: Engine, outbox: str, root: str) -> list[str]:
     `root` and one of such a folder with the same relative path overwrite each other's outputs."""
     here = socket.gethostname()
     with db.connect() as c:
-        rows = c.execute(select(Run.host, Run.root, Run.config).where(Run.root != root, Run.mode != "bench")
-                         .order_by(Run.id)).all()
+        rows = c.execute(select(Run.host, Run.root, Run.config).where(Run.root != root).order_by(Run.id)).all()
     return list(dict.fromkeys(r.root if r.host == here else f"{r.host}:{r.root}" for r in rows
                               if isinstance(r.config, dict) and r.config.get("outbox") == outbox))
 
