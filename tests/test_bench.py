@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from worker.bench import Steady, _create_cost, _steady, make_corpus, plain_preprocess
+from worker.bench import CorpusResult, Steady, _create_cost, _steady, make_corpus, plain_preprocess, verdicts
 from worker.images import decode
 from worker.models.card import find_card
 from worker.tasks.preprocess import prepare
@@ -60,3 +60,38 @@ def test_the_naive_loops_plain_preprocessing_makes_the_workers_tensor(samples: P
         # the same pixels; dividing by std instead of multiplying by 1/std differs in the last bit at most
         np.testing.assert_allclose(plain, ours, rtol=1e-6, atol=1e-6)
         assert plain_geo == geo
+
+
+def _result(model: str, width: int, **figures: float) -> CorpusResult:
+    base = dict(images=300, bare_1t=100.0, bare_best=200.0, bare_best_at="2t b4", bare_parallel=180.0,
+                decode_ms=1.2, preprocess_ms=0.5, postprocess_ms=0.1, plain_preprocess_ms=1.5, limit=160.0,
+                limit_parallel=150.0, naive=100.0, naive_worker_pre=110.0, worker=144.0, ratio_naive=1.44,
+                ratio_naive_worker_pre=1.3, worker_p50_ms=10.0, worker_p99_ms=20.0, worker_rss_peak_mb=180.0,
+                steady_rate=72.0, steady_first_ms=20.0, steady_p50_ms=20.0, steady_p99_ms=40.0,
+                steady_landed_p50_ms=60.0, steady_landed_p99_ms=90.0, create_file_us=30.0)
+    return CorpusResult(model=model, width=width, **{**base, **figures})  # type: ignore[arg-type]
+
+
+def test_verdicts_hold_each_corpus_to_the_issues_targets() -> None:
+    results = [_result("efficientnet-lite0", 640, worker=135.8, ratio_naive=1.29, worker_rss_peak_mb=401.0),
+               _result("efficientnet-lite0", 1920, ratio_naive=1.5, steady_p99_ms=40.1, steady_first_ms=41.0),
+               _result("yolov3-tiny", 640, worker=136.0, ratio_naive=0.5)]
+    got = {(v.where, v.what.split(" on ")[0]): v for v in verdicts(results)}
+    assert {k: v.met for k, v in got.items()} == {
+        ("efficientnet-lite0 640 px", "C/limit"): False,  # 135.8 / 160 = 0.849
+        ("efficientnet-lite0 640 px", "C/B"): False,  # 1.29 < 1.3
+        ("efficientnet-lite0 640 px", "D p99/p50"): True,  # 2.0 is within
+        ("efficientnet-lite0 640 px", "D first/p99"): True,
+        ("efficientnet-lite0 640 px", "C peak RSS MB"): False,
+        ("efficientnet-lite0 1920 px", "C/limit"): True,  # 0.90
+        ("efficientnet-lite0 1920 px", "C/B"): True,  # 1.5 against 1920 px's own target, 1.5
+        ("efficientnet-lite0 1920 px", "D p99/p50"): False,  # 2.005
+        ("efficientnet-lite0 1920 px", "D first/p99"): False,  # the first image over p99: a cold start
+        ("efficientnet-lite0 1920 px", "C peak RSS MB"): True,
+        ("yolov3-tiny 640 px", "C/limit"): True,  # 136 / 160 = 0.85 exactly; C/B: efficientnet-lite0's only
+        ("yolov3-tiny 640 px", "D p99/p50"): True,
+        ("yolov3-tiny 640 px", "D first/p99"): True,
+    }
+    assert got[("efficientnet-lite0 640 px", "C/limit")].value == pytest.approx(0.84875)
+    assert str(got[("efficientnet-lite0 640 px", "C/B")]).startswith("MISSED  efficientnet-lite0 640 px")
+    assert "C peak RSS MB on 300 images 401 <= 400" in str(got[("efficientnet-lite0 640 px", "C peak RSS MB")])

@@ -120,6 +120,50 @@ class _Round:
         return self.worker["images_per_s"] / self.naive_worker_pre
 
 
+# issue #5's targets
+LIMIT_TARGET = 0.85  # C/limit, every model and corpus
+NAIVE_TARGETS = {640: 1.3, 1920: 1.5}  # C/B for efficientnet-lite0, where decoding weighs as much as the model
+NAIVE_MODEL = "efficientnet-lite0"
+TAIL_TARGET = 2.0  # D: p99 <= 2 x p50
+RSS_TARGET_MB = 400.0  # efficientnet-lite0's peak RSS (the issue counts it over 2,000 images)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One target on one corpus: `value` against `bound` (`at_least`: value >= bound, else <=)."""
+
+    where: str  # "efficientnet-lite0 640 px"
+    what: str  # "C/limit"
+    value: float
+    bound: float
+    at_least: bool
+
+    @property
+    def met(self) -> bool:
+        return self.value >= self.bound if self.at_least else self.value <= self.bound
+
+    def __str__(self) -> str:
+        value = f"{self.value:.0f}" if self.bound >= 10 else f"{self.value:.2f}"
+        return (f"{'met   ' if self.met else 'MISSED'}  {self.where:26s} {self.what} {value} "
+                f"{'>=' if self.at_least else '<='} {self.bound:g}")
+
+
+def verdicts(results: list[CorpusResult]) -> list[Verdict]:
+    """Each corpus's median round against issue #5's targets (the D first image: no spike over p99)."""
+    out: list[Verdict] = []
+    for r in results:
+        where = f"{r.model} {r.width} px"
+        out.append(Verdict(where, "C/limit", r.ratio_limit, LIMIT_TARGET, True))
+        if r.model == NAIVE_MODEL and r.width in NAIVE_TARGETS:
+            out.append(Verdict(where, "C/B", r.ratio_naive, NAIVE_TARGETS[r.width], True))
+        out.append(Verdict(where, "D p99/p50", r.steady_p99_ms / r.steady_p50_ms, TAIL_TARGET, False))
+        out.append(Verdict(where, "D first/p99", r.steady_first_ms / r.steady_p99_ms, 1.0, False))
+        if r.model == NAIVE_MODEL:
+            out.append(Verdict(where, f"C peak RSS MB on {r.images} images", r.worker_rss_peak_mb, RSS_TARGET_MB,
+                               False))
+    return out
+
+
 def median(values: list[float]) -> float:
     return float(np.median(values))
 
@@ -487,6 +531,13 @@ def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], cou
             f"{r.ratio_naive:.2f} | {r.ratio_naive_worker_pre:.2f} | {r.worker_rss_peak_mb:.0f} | "
             f"{r.steady_rate:.1f} | {r.steady_first_ms:.0f} | {r.steady_p50_ms:.0f} | {r.steady_p99_ms:.0f} | "
             f"{r.steady_landed_p50_ms:.0f} | {r.steady_landed_p99_ms:.0f} |")
+    checked = verdicts(results)
+    say("")
+    say("Issue #5's targets, median round (a miss by a few percent can be this machine's drift: compare "
+        "C/limit-parallel, and rerun):")
+    for v in checked:
+        say(f"  {v}")
+    say(f"  {sum(v.met for v in checked)} of {len(checked)} met")
     return results
 
 
