@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from worker.config import EngineConfig
-from worker.engine import Engine
+from worker.engine import Engine, default_max_batch, default_threads
 from worker.errors import ModelError, ProviderError
 
 
@@ -56,3 +56,13 @@ def test_shared_session_from_threads_matches_serial(ppocr_onnx: Path) -> None:
         t.join()
     for i in range(6):
         np.testing.assert_array_equal(got[i], serial[i])
+
+
+def test_default_threads_and_batch_follow_where_the_model_runs() -> None:
+    # CPU: a 1-thread run per core, decoders up to 4; batches of one (batches gained nothing on CPU)
+    assert default_threads(2) == (2, 2, 1) and default_threads(16) == (4, 16, 1)
+    assert default_max_batch(on_gpu=False) == 1
+    # GPU: the cores are free for decoding (one kept for the finish and database threads), two run callers
+    assert default_threads(2, on_gpu=True) == (1, 2, 1) and default_threads(16, on_gpu=True) == (8, 2, 1)
+    assert default_threads(1, on_gpu=True) == (1, 2, 1)
+    assert default_max_batch(on_gpu=True) == 8

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
+import os
 import shutil
 from pathlib import Path
 
 from sqlalchemy import func, select, update
 
-from worker.service import run_folder
+from worker.service import open_pipeline, run_folder
 from worker.store.db import open_db
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
 
@@ -70,7 +73,6 @@ def test_run_processes_records_and_resumes(cfg, tmp_path: Path, samples: Path) -
 
 
 def test_quarantine_after_max_attempts(cfg, tmp_path: Path) -> None:
-    import dataclasses
 
     folder = tmp_path / "in"
     folder.mkdir()
@@ -121,7 +123,6 @@ def test_a_new_model_file_or_new_card_settings_process_done_images_again(cfg, tm
                                                                          effnet_onnx: Path) -> None:
     """Done means done with this model file and these card settings: after retraining (a new file under
     the same card), or a corrected threshold, a rerun must not skip every image as already done."""
-    import dataclasses
 
     import onnx
 
@@ -167,7 +168,6 @@ def test_runs_recorded_under_the_first_card_digests_still_count_as_done(cfg, tmp
                                                                         effnet_onnx: Path) -> None:
     """Upgrading past a change to how card settings are digested (or to a version that adds a setting
     at its default) must not reprocess what is done."""
-    import dataclasses
 
     from sqlalchemy import update
 
@@ -195,8 +195,6 @@ def test_a_rerun_knows_unchanged_files_without_reading_them(cfg, tmp_path: Path,
     """A file whose size and stamp (inode, mtime, ctime) are those of the read that was processed is
     done without being read again; any change to it, even one that keeps its size and mtime, or another
     folder with the same names and contents, is read (and its content decides)."""
-    import dataclasses
-    import os
 
     import cv2
 
@@ -240,7 +238,6 @@ def test_a_file_changed_just_before_its_read_gets_no_stamp(cfg, tmp_path: Path, 
                                                            monkeypatch) -> None:
     """File times tick coarsely: a write in the same tick as the read would leave the stamp as it was. A
     file changed within SETTLED_S of its read is read again next time (and stamped then, once settled)."""
-    import dataclasses
 
     from worker.store import ledger
 
@@ -260,7 +257,6 @@ def test_a_run_into_an_outbox_other_folders_wrote_says_so(cfg, tmp_path: Path, c
     """Outputs are named by the path relative to the folder: day2/a.png's overwrite day1/a.png's in a
     shared outbox. The start says so, naming the other folders; a folder's own reruns, and another
     outbox, do not (before: nothing said it, only the database kept day1's result)."""
-    import dataclasses
     import hashlib
     import logging
 
@@ -293,3 +289,18 @@ def test_a_run_into_an_outbox_other_folders_wrote_says_so(cfg, tmp_path: Path, c
     db.dispose()
     (said,) = shared_warnings(cfg, folders[1])
     assert f"earlier runs over scanner-2:{folders[0]}:" in said
+
+
+def test_batch_size_zero_is_chosen_for_the_device_and_a_set_one_is_kept(cfg, effnet_onnx: Path, tmp_path: Path,
+                                                                         caplog) -> None:
+    effcfg = dataclasses.replace(cfg, model="efficientnet-lite0")  # a card with a dynamic batch
+    assert effcfg.pipeline.max_batch == 0  # the default: chosen
+    caplog.set_level(logging.INFO, logger="worker.service")
+    (folder := tmp_path / "in").mkdir()
+    with open_pipeline(effcfg, "run", folder) as pipeline:  # CPU here: batches of one
+        assert (pipeline.settings.max_batch, pipeline.settings.infer_workers) == (1, os.cpu_count())
+    assert f"pipeline: {min(os.cpu_count() or 1, 4)} decode threads, {os.cpu_count()} inference threads, " \
+           f"batches of up to 1" in caplog.text
+    four = dataclasses.replace(effcfg, pipeline=dataclasses.replace(effcfg.pipeline, max_batch=4))
+    with open_pipeline(four, "run", folder) as pipeline:
+        assert pipeline.settings.max_batch == 4

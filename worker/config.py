@@ -52,7 +52,7 @@ class PipelineConfig:
     queue_size: int = 64  # bound of every queue between stages; full => the stage before waits
     decode_workers: int = 0  # 0 = chosen from the core count
     infer_workers: int = 0  # threads calling the one shared session; 0 = chosen from the core count
-    max_batch: int = 1  # micro-batch size (only for cards with dynamic_batch)
+    max_batch: int = 0  # micro-batch size (only for cards with dynamic_batch); 0 = 1 on CPU, 8 on a GPU
     max_delay_ms: float = 2.0  # how long the batcher waits to fill a batch
     max_pixels: int = 80_000_000  # refuse larger images before decoding them (decompression bombs)
     max_attempts: int = 3  # an image that failed this many times is quarantined as failed

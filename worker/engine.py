@@ -21,20 +21,54 @@ from worker.gpu import conflicting_builds, installed_onnxruntime_builds
 log = logging.getLogger(__name__)
 
 
-def default_threads(cores: int | None = None) -> tuple[int, int, int]:
+# on a GPU, batches up to this size (cards with a dynamic batch): a small model's batch-1 run leaves most of
+# the device idle. A starting point, not measured here (no GPU was lent while it was written: README)
+GPU_MAX_BATCH = 8
+
+
+def default_threads(cores: int | None = None, on_gpu: bool = False) -> tuple[int, int, int]:
     """(decode_workers, infer_workers, intra_op_threads) that do not oversubscribe the cores.
 
     On CPU, several single-threaded `run` calls in parallel beat one multi-threaded call
     (onnxruntime's intra-op pool is unstable on small machines; see FACTS), so one inference
-    thread per core, one intra-op thread each.
+    thread per core, one intra-op thread each. On a GPU the model does not run on the cores: two
+    inference threads (one gathers and uploads a batch while the other's runs), and the cores, but
+    one for the finish and database threads, decode (up to 8).
     """
     n = cores or os.cpu_count() or 1
+    if on_gpu:
+        return max(1, min(n - 1, 8)), 2, 1
     return max(1, min(n, 4)), max(1, n), 1
+
+
+def default_max_batch(on_gpu: bool) -> int:
+    """`pipeline.max_batch: 0`: batch-1 runs on CPU (batches gained nothing there: README), batches on a GPU."""
+    return GPU_MAX_BATCH if on_gpu else 1
 
 
 # the model input's element type -> what the NCHW float32 batch is cast to (None: fed as it is)
 _INPUT_TYPES: dict[str, type | None] = {"tensor(float)": None, "tensor(float16)": np.float16,
                                         "tensor(uint8)": np.uint8}
+
+
+def wanted_providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]]:
+    """The providers (with their options) a session is asked for: what is active is read back from it."""
+    cpu: list[str | tuple[str, dict[str, str]]] = ["CPUExecutionProvider"]
+    if cfg.providers == "cpu":
+        return cpu
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        if cfg.providers == "cuda" or cfg.require_gpu:
+            raise ProviderError(f"CUDA requested but this onnxruntime build has no CUDA provider "
+                                f"(available: {', '.join(ort.get_available_providers())})")
+        return cpu
+    cuda = {
+        "device_id": str(cfg.device_id),
+        "arena_extend_strategy": cfg.arena_extend_strategy,
+        "cudnn_conv_algo_search": cfg.cudnn_conv_algo_search,
+    }
+    if cfg.gpu_mem_limit_mb:
+        cuda["gpu_mem_limit"] = str(cfg.gpu_mem_limit_mb * 1024 * 1024)
+    return [("CUDAExecutionProvider", cuda), *cpu]
 
 
 class Engine:
@@ -52,7 +86,7 @@ class Engine:
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
         opts.enable_cpu_mem_arena = cfg.cpu_mem_arena
-        wanted = self._providers(cfg)
+        wanted = wanted_providers(cfg)
         try:
             self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=wanted)
         except Exception as e:
@@ -77,25 +111,6 @@ class Engine:
             raise ModelError(f"{onnx_path}: input '{self.input_name}' is {model_input.type}; the worker feeds "
                              f"{', '.join(_INPUT_TYPES)}")
         self._input_type = _INPUT_TYPES[model_input.type]
-
-    @staticmethod
-    def _providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]]:
-        cpu: list[str | tuple[str, dict[str, str]]] = ["CPUExecutionProvider"]
-        if cfg.providers == "cpu":
-            return cpu
-        if "CUDAExecutionProvider" not in ort.get_available_providers():
-            if cfg.providers == "cuda" or cfg.require_gpu:
-                raise ProviderError(f"CUDA requested but this onnxruntime build has no CUDA provider "
-                                    f"(available: {', '.join(ort.get_available_providers())})")
-            return cpu
-        cuda = {
-            "device_id": str(cfg.device_id),
-            "arena_extend_strategy": cfg.arena_extend_strategy,
-            "cudnn_conv_algo_search": cfg.cudnn_conv_algo_search,
-        }
-        if cfg.gpu_mem_limit_mb:
-            cuda["gpu_mem_limit"] = str(cfg.gpu_mem_limit_mb * 1024 * 1024)
-        return [("CUDAExecutionProvider", cuda), *cpu]
 
     @property
     def on_gpu(self) -> bool:

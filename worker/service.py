@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import sqlalchemy
 
 from worker.config import Config, Disposition
-from worker.engine import Engine, default_threads
+from worker.engine import Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import walk
 from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
@@ -90,12 +90,13 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     db = open_db(cfg.db)
     _warn_shared_outbox(db, cfg.outbox, root)
     p = cfg.pipeline
-    auto_decode, auto_infer, auto_intra = default_threads()
-    engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or auto_intra, card.input.name,
+    engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or default_threads()[2], card.input.name,
                     card.postprocess.output, card.input.layout)
+    auto_decode, auto_infer, _ = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
     size_hw = (card.input.size[0], card.input.size[1])
     engine.check_input(size_hw, card.name)
-    max_batch = max(1, p.max_batch) if card.input.dynamic_batch else (engine.static_batch or 1)
+    wanted = p.max_batch or default_max_batch(engine.on_gpu)
+    max_batch = wanted if card.input.dynamic_batch else (engine.static_batch or 1)
     engine.warm_up(max_batch, size_hw)
     adapter = adapter_for(card)
     warm_up_stages(adapter, engine, p.max_pixels)
@@ -104,6 +105,8 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
                         memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
                         keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce)
+    log.info("pipeline: %d decode threads, %d inference threads, batches of up to %d", settings.decode_workers,
+             settings.infer_workers, settings.max_batch)
     recorder = Recorder(db, RunInfo(mode=mode, root=as_text(str(root)), model=card.name, model_sha256=sha256_file(onnx),
                                     card_sha256=settings_digest(card),
                                     providers=",".join(engine.providers), config=cfg.as_dict()))
