@@ -73,7 +73,6 @@ def test_run_processes_records_and_resumes(cfg, tmp_path: Path, samples: Path) -
 
 
 def test_quarantine_after_max_attempts(cfg, tmp_path: Path) -> None:
-
     folder = tmp_path / "in"
     folder.mkdir()
     (folder / "bad.png").write_text("a text file named .png")
@@ -123,7 +122,6 @@ def test_a_new_model_file_or_new_card_settings_process_done_images_again(cfg, tm
                                                                          effnet_onnx: Path) -> None:
     """Done means done with this model file and these card settings: after retraining (a new file under
     the same card), or a corrected threshold, a rerun must not skip every image as already done."""
-
     import onnx
 
     card = tmp_path / "models" / "mine"
@@ -168,7 +166,6 @@ def test_runs_recorded_under_the_first_card_digests_still_count_as_done(cfg, tmp
                                                                         effnet_onnx: Path) -> None:
     """Upgrading past a change to how card settings are digested (or to a version that adds a setting
     at its default) must not reprocess what is done."""
-
     from sqlalchemy import update
 
     from tests.conftest import CACHE
@@ -195,7 +192,6 @@ def test_a_rerun_knows_unchanged_files_without_reading_them(cfg, tmp_path: Path,
     """A file whose size and stamp (inode, mtime, ctime) are those of the read that was processed is
     done without being read again; any change to it, even one that keeps its size and mtime, or another
     folder with the same names and contents, is read (and its content decides)."""
-
     import cv2
 
     from worker.store import ledger
@@ -238,7 +234,6 @@ def test_a_file_changed_just_before_its_read_gets_no_stamp(cfg, tmp_path: Path, 
                                                            monkeypatch) -> None:
     """File times tick coarsely: a write in the same tick as the read would leave the stamp as it was. A
     file changed within SETTLED_S of its read is read again next time (and stamped then, once settled)."""
-
     from worker.store import ledger
 
     cfg = dataclasses.replace(cfg, model="efficientnet-lite0")
