@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from worker.bench import CorpusResult, Steady, _create_cost, _steady, make_corpus, plain_preprocess, verdicts
+from worker.bench import (CorpusResult, Steady, _create_cost, _steady, as_dicts, make_corpus, plain_preprocess,
+                          verdicts)
 from worker.images import decode
 from worker.models.card import find_card
 from worker.tasks.preprocess import prepare
@@ -95,3 +96,8 @@ def test_verdicts_hold_each_corpus_to_the_issues_targets() -> None:
     assert got[("efficientnet-lite0 640 px", "C/limit")].value == pytest.approx(0.84875)
     assert str(got[("efficientnet-lite0 640 px", "C/B")]).startswith("MISSED  efficientnet-lite0 640 px")
     assert "C peak RSS MB on 300 images 401 <= 400" in str(got[("efficientnet-lite0 640 px", "C peak RSS MB")])
+    # --json carries them per corpus, beside the figures
+    (first, *_) = as_dicts(results)
+    assert first["ratio_limit"] == pytest.approx(0.84875) and first["images"] == 300
+    assert [(t["what"].split(" on ")[0], t["met"]) for t in first["targets"]] == [
+        (what, v.met) for (where, what), v in got.items() if where == "efficientnet-lite0 640 px"]
