@@ -552,8 +552,7 @@ def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], cou
 
 
 def as_dicts(results: list[CorpusResult]) -> list[dict[str, Any]]:
-    """`--json`: one dict per corpus, its figures, ratios and targets (what, value, bound, at_least, met)."""
+    """`--json`: one dict per corpus, its figures, ratios and targets (Verdict's fields, and met)."""
     return [{**dataclasses.asdict(r), "ratio_limit": r.ratio_limit, "ratio_parallel": r.ratio_parallel,
-             "targets": [{"what": v.what, "value": v.value, "bound": v.bound, "at_least": v.at_least, "met": v.met}
-                         for v in verdicts([r])]}
+             "targets": [{**dataclasses.asdict(v), "met": v.met} for v in verdicts([r])]}
             for r in results]
