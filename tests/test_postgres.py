@@ -24,7 +24,7 @@ from tests.conftest import wait_for
 from worker.service import run_folder
 from worker.store.db import open_db
 from worker.store.health import RunState
-from worker.store.queries import run_health, run_stats
+from worker.store.queries import other_roots, run_health, run_stats
 from worker.store.schema import ImageRow, LabelRow, ResultRow, TimingRow
 
 
@@ -133,6 +133,10 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         assert run_health(db, root=str(folder)) is None
         (folder / "coffee.png").touch()  # read again, known by its content, its new stamp recorded (and that one)
         assert [run_folder(c, folder).figures["skipped_unread"] for _ in range(2)] == [2, 3]
+        # the folders that shared the outbox, found by reaching into the runs' JSONB configs (->>)
+        outbox = str(c.outbox.absolute())
+        assert other_roots(db, outbox, "/elsewhere") == [str(folder)] and other_roots(db, outbox, str(folder)) == []
+        assert other_roots(db, outbox + "-not", "/elsewhere") == []
 
         # the conditional claim (ON CONFLICT ... DO UPDATE ... WHERE) on PostgreSQL: a live worker's image
         # is left to it, a recovery takes it over

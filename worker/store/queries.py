@@ -52,10 +52,13 @@ def other_roots(db: Engine, outbox: str, root: str) -> list[str]:
     may be another folder). Outputs are named by the path relative to the folder, so an image of
     `root` and one of such a folder with the same relative path overwrite each other's outputs."""
     here = socket.gethostname()
+    # filtered in SQL (json_extract on SQLite, ->> on PostgreSQL): a database of years of hourly runs
+    # need not send every run's config to each start
+    stmt = (select(Run.host, Run.root).where(Run.root != root, Run.config["outbox"].as_string() == outbox)
+            .group_by(Run.host, Run.root).order_by(func.min(Run.id)))
     with db.connect() as c:
-        rows = c.execute(select(Run.host, Run.root, Run.config).where(Run.root != root).order_by(Run.id)).all()
-    return list(dict.fromkeys(r.root if r.host == here else f"{r.host}:{r.root}" for r in rows
-                              if isinstance(r.config, dict) and r.config.get("outbox") == outbox))
+        rows = c.execute(stmt).all()
+    return [r.root if r.host == here else f"{r.host}:{r.root}" for r in rows]
 
 
 def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
