@@ -60,9 +60,9 @@ def test_shared_session_from_threads_matches_serial(ppocr_onnx: Path) -> None:
 
 def test_default_threads_and_batch_follow_where_the_model_runs() -> None:
     # CPU: a 1-thread run per core, decoders up to 4; batches of one (batches gained nothing on CPU)
-    assert default_threads(2) == (2, 2, 1) and default_threads(16) == (4, 16, 1)
+    assert default_threads(2) == (2, 2) and default_threads(16) == (4, 16)
     assert default_max_batch(on_gpu=False) == 1
     # GPU: the cores are free for decoding (one kept for the finish and database threads), two run callers
-    assert default_threads(2, on_gpu=True) == (1, 2, 1) and default_threads(16, on_gpu=True) == (8, 2, 1)
-    assert default_threads(1, on_gpu=True) == (1, 2, 1)
+    assert default_threads(2, on_gpu=True) == (1, 2) and default_threads(16, on_gpu=True) == (8, 2)
+    assert default_threads(1, on_gpu=True) == (1, 2)
     assert default_max_batch(on_gpu=True) == 8

@@ -63,7 +63,7 @@ class PipelineConfig:
 class EngineConfig:
     providers: Literal["auto", "cpu", "cuda"] = "auto"
     require_gpu: bool = False  # refuse to start unless CUDA is really active
-    intra_op_threads: int = 0  # 0 = chosen from the core count and infer_workers
+    intra_op_threads: int = 0  # onnxruntime threads per run call; 0 = 1 (parallelism comes from infer_workers)
     device_id: int = 0
     gpu_mem_limit_mb: int = 0  # 0 = no limit
     arena_extend_strategy: Literal["kSameAsRequested", "kNextPowerOfTwo"] = "kSameAsRequested"

@@ -26,19 +26,23 @@ log = logging.getLogger(__name__)
 GPU_MAX_BATCH = 8
 
 
-def default_threads(cores: int | None = None, on_gpu: bool = False) -> tuple[int, int, int]:
-    """(decode_workers, infer_workers, intra_op_threads) that do not oversubscribe the cores.
+# intra-op threads per `run` call, on CPU and GPU alike: see default_threads
+DEFAULT_INTRA_OP_THREADS = 1
+
+
+def default_threads(cores: int | None = None, on_gpu: bool = False) -> tuple[int, int]:
+    """(decode_workers, infer_workers) that do not oversubscribe the cores.
 
     On CPU, several single-threaded `run` calls in parallel beat one multi-threaded call
     (onnxruntime's intra-op pool is unstable on small machines; see FACTS), so one inference
-    thread per core, one intra-op thread each. On a GPU the model does not run on the cores: two
+    thread per core, each run on DEFAULT_INTRA_OP_THREADS. On a GPU the model does not run on the cores: two
     inference threads (one gathers and uploads a batch while the other's runs), and the cores, but
     one for the finish and database threads, decode (up to 8).
     """
     n = cores or os.cpu_count() or 1
     if on_gpu:
-        return max(1, min(n - 1, 8)), 2, 1
-    return max(1, min(n, 4)), max(1, n), 1
+        return max(1, min(n - 1, 8)), 2
+    return max(1, min(n, 4)), max(1, n)
 
 
 def default_max_batch(on_gpu: bool) -> int:

@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 import sqlalchemy
 
 from worker.config import Config, Disposition
-from worker.engine import Engine, default_max_batch, default_threads
+from worker.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import walk
 from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
@@ -90,9 +90,9 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     db = open_db(cfg.db)
     _warn_shared_outbox(db, cfg.outbox, root)
     p = cfg.pipeline
-    engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or default_threads()[2], card.input.name,
+    engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or DEFAULT_INTRA_OP_THREADS, card.input.name,
                     card.postprocess.output, card.input.layout)
-    auto_decode, auto_infer, _ = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
+    auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
     size_hw = (card.input.size[0], card.input.size[1])
     engine.check_input(size_hw, card.name)
     wanted = p.max_batch or default_max_batch(engine.on_gpu)
