@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -89,8 +90,6 @@ def test_quarantine_after_max_attempts(cfg, tmp_path: Path) -> None:
 def test_images_left_in_flight_by_a_dead_worker_go_first_and_alone(cfg, tmp_path: Path, samples: Path) -> None:
     """After a crash, each image that was in flight is processed on its own before the rest: if it
     is the one that crashes the worker, only its own attempts count towards quarantine."""
-    import hashlib
-
     from worker.store.recorder import Claimed, Commit, Recorder, RunInfo
 
     folder = tmp_path / "in"
@@ -166,8 +165,6 @@ def test_runs_recorded_under_the_first_card_digests_still_count_as_done(cfg, tmp
                                                                         effnet_onnx: Path) -> None:
     """Upgrading past a change to how card settings are digested (or to a version that adds a setting
     at its default) must not reprocess what is done."""
-    from sqlalchemy import update
-
     from tests.conftest import CACHE
     from worker.models.card import accepted_digests, find_card, settings_digest
     from worker.models.pull import with_labels
@@ -252,9 +249,6 @@ def test_a_run_into_an_outbox_other_folders_wrote_says_so(cfg, tmp_path: Path, c
     """Outputs are named by the path relative to the folder: day2/a.png's overwrite day1/a.png's in a
     shared outbox. The start says so, naming the other folders; a folder's own reruns, and another
     outbox, do not (before: nothing said it, only the database kept day1's result)."""
-    import hashlib
-    import logging
-
     caplog.set_level(logging.WARNING, logger="worker.service")
     folders = [tmp_path / "day1", tmp_path / "day2"]
     for folder in folders:
