@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -98,7 +100,6 @@ def test_results_check_shapes() -> None:
 
 
 def test_move_across_filesystems_copies_verifies_then_deletes(tmp_path: Path) -> None:
-    import os
     import tempfile
 
     shm = Path("/dev/shm")
@@ -144,9 +145,6 @@ def test_only_a_crashs_temporaries_are_removed_never_a_live_workers(tmp_path: Pa
                                                                     monkeypatch) -> None:
     """Two workers sharing an outbox: the second's start left the first's temporaries alone (before: it
     removed them all, and the first failed an image with "cannot write its outputs ...: No such file")."""
-    import subprocess
-    import sys
-
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
