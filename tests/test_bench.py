@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from worker.bench import (CorpusResult, Steady, _create_cost, _steady, as_dicts, make_corpus, plain_preprocess,
-                          verdicts)
+from worker.bench import (CorpusResult, Steady, _create_cost, _steady, as_dicts, copies_of_first, make_corpus,
+                          plain_preprocess, verdicts)
 from worker.images import decode
 from worker.models.card import find_card
 from worker.tasks.preprocess import prepare
@@ -101,3 +101,12 @@ def test_verdicts_hold_each_corpus_to_the_issues_targets() -> None:
     assert first["ratio_limit"] == pytest.approx(0.84875) and first["images"] == 300
     assert [(t["what"].split(" on ")[0], t["met"]) for t in first["targets"]] == [
         (what, v.met) for (where, what), v in got.items() if where == "efficientnet-lite0 640 px"]
+
+
+def test_copies_of_first_finds_the_first_pictures_repeats_in_a_corpus(samples: Path, tmp_path: Path) -> None:
+    files = make_corpus(samples, 320, 20, tmp_path / "corpus")  # cycles through the sample photographs
+    copies = copies_of_first(files)
+    first = files[0].read_bytes()
+    assert copies and all(files[i].read_bytes() == first for i in copies)
+    assert all(files[i].read_bytes() != first for i in range(1, len(files)) if i not in copies)
+    assert 0 not in copies
