@@ -144,13 +144,14 @@ class Verdict:
     value: float
     bound: float
     at_least: bool
+    decimals: int = 2  # as printed: ratios to 2, megabytes to 0
 
     @property
     def met(self) -> bool:
         return self.value >= self.bound if self.at_least else self.value <= self.bound
 
     def __str__(self) -> str:
-        value = f"{self.value:.0f}" if self.bound >= 10 else f"{self.value:.2f}"
+        value = f"{self.value:.{self.decimals}f}"
         return (f"{'met   ' if self.met else 'MISSED'}  {self.where:26s} {self.what} {value} "
                 f"{'>=' if self.at_least else '<='} {self.bound:g}")
 
@@ -167,7 +168,7 @@ def verdicts(results: list[CorpusResult]) -> list[Verdict]:
         out.append(Verdict(where, "D first/p99", r.steady_first_ms / r.steady_p99_ms, 1.0, False))
         if r.model == NAIVE_MODEL:
             out.append(Verdict(where, f"C peak RSS MB on {r.images} images", r.worker_rss_peak_mb, RSS_TARGET_MB,
-                               False))
+                               False, decimals=0))
     return out
 
 
@@ -577,7 +578,8 @@ def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], cou
 
 
 def as_dicts(results: list[CorpusResult]) -> list[dict[str, Any]]:
-    """`--json`: one dict per corpus, its figures, ratios and targets (Verdict's fields, and met)."""
+    """`--json`: one dict per corpus, its figures, ratios and targets (what each measured, against what, met)."""
     return [{**dataclasses.asdict(r), "ratio_limit": r.ratio_limit, "ratio_parallel": r.ratio_parallel,
-             "targets": [{**dataclasses.asdict(v), "met": v.met} for v in verdicts([r])]}
+             "targets": [{"where": v.where, "what": v.what, "value": v.value, "bound": v.bound,
+                          "at_least": v.at_least, "met": v.met} for v in verdicts([r])]}
             for r in results]
