@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from worker.bench import (CorpusResult, Steady, _create_cost, _steady, as_dicts, copies_of_first, make_corpus,
-                          plain_preprocess, verdicts)
+from worker.bench import (CorpusResult, Steady, _bench_heap_frozen, _create_cost, _steady, as_dicts, copies_of_first,
+                          make_corpus, plain_preprocess, verdicts)
 from worker.images import decode
 from worker.models.card import find_card
 from worker.tasks.preprocess import prepare
@@ -110,3 +111,11 @@ def test_copies_of_first_finds_the_first_pictures_repeats_in_a_corpus(samples: P
     assert copies and all(files[i].read_bytes() == first for i in copies)
     assert all(files[i].read_bytes() != first for i in range(1, len(files)) if i not in copies)
     assert 0 not in copies
+
+
+def test_d_runs_with_the_benchs_own_objects_out_of_the_collector_and_gives_them_back() -> None:
+    kept = [[i] for i in range(1000)]  # the bench's own long-lived objects, as its corpora and sessions
+    with pytest.raises(RuntimeError), _bench_heap_frozen():
+        assert gc.get_freeze_count() >= len(kept)  # full collections during D do not scan them
+        raise RuntimeError("D failed")
+    assert gc.get_freeze_count() == 0  # thawed, even after a failure

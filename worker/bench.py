@@ -20,11 +20,14 @@ issue's baselines were medians of 3);
      then renamed into the inbox): per-image latency, first image included, as the pipeline records
      it (intake to result) and from the file's landing to its outcome committed and the input archived;
      the first image (the corpus's largest picture) also beside its own later copies in the feed.
+     D runs in this process, with the bench's own objects frozen out of the garbage collector.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
 import json
 import os
 import re
@@ -35,7 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import cv2
 import numpy as np
@@ -377,8 +380,9 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         # D: watch mode fed at a steady half of C's rate: latency, not throughput
         rate = f["images_per_s"] / 2
         fed = files[: max(20, min(len(files), int(rate * 20)))]
-        steady = _steady(dataclasses.replace(c, db=f"sqlite:///{work / f'steady-{model}-{width}.db'}"),
-                         fed, rate, work / f"steady-{model}-{width}")
+        with _bench_heap_frozen():
+            steady = _steady(dataclasses.replace(c, db=f"sqlite:///{work / f'steady-{model}-{width}.db'}"),
+                             fed, rate, work / f"steady-{model}-{width}")
         lat = steady.pipeline_ms
         copies = copies_of_first(fed)
         r = CorpusResult(model=model, width=width, images=len(files), bare_1t=med.one_t, bare_best=best,
@@ -477,6 +481,21 @@ class Steady:
     def __post_init__(self) -> None:
         if self.pipeline_ms.shape != self.landed_ms.shape or self.pipeline_ms.ndim != 1 or not len(self.pipeline_ms):
             raise ValueError(f"latency arrays of shapes {self.pipeline_ms.shape} and {self.landed_ms.shape}")
+
+
+@contextlib.contextmanager
+def _bench_heap_frozen() -> Iterator[None]:
+    """Keep the bench's own objects out of Python's garbage collector while D runs `worker watch` in
+    this process. Its full collections scan every object: one of 45-65 ms over the bench's ~100,000
+    came due as D's watcher started and fell on its first image (PP-OCR at 640 px, three runs: 176-186
+    ms, where its own copies later in the feed took 136-144 in the median, 155-158 at most). A `worker watch`
+    process has no such heap (in a small one feeding D alone, its collections took at most 2.2 ms)."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
