@@ -487,9 +487,10 @@ class Steady:
 def _bench_heap_frozen() -> Iterator[None]:
     """Keep the bench's own objects out of Python's garbage collector while D runs `worker watch` in
     this process. Its full collections scan every object: one of 45-65 ms over the bench's ~100,000
-    came due as D's watcher started and fell on its first image (PP-OCR at 640 px, three runs: 176-186
-    ms, where its own copies later in the feed took 136-144 in the median, 155-158 at most). A `worker watch`
-    process has no such heap (in a small one feeding D alone, its collections took at most 2.2 ms)."""
+    came due as D's watcher started and fell on its first image (PP-OCR at 640 px, three runs:
+    176-186 ms, where its own copies later in the feed took 136-144 in the median, 155-158 at most).
+    A `worker watch` process has no such heap (in a small one feeding D alone, its collections took
+    at most 2.2 ms)."""
     gc.collect()
     gc.freeze()
     try:
