@@ -86,7 +86,12 @@ class FakeEngine:
 
     def __init__(self) -> None:
         self.batch_sizes: list[int] = []
+        self.warm_ups: list[str] = []  # the names of the threads that warmed up
         self.lock = threading.Lock()
+
+    def warm_up(self, batch_size: int, size_hw: tuple[int, int]) -> None:
+        with self.lock:
+            self.warm_ups.append(threading.current_thread().name)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         with self.lock:
@@ -123,6 +128,9 @@ def test_pipeline_with_batches_finishes_every_job_once(cfg, tmp_path: Path, monk
     with Pipeline(card=card, engine=engine, adapter=adapter_for(card), recorder=recorder,  # type: ignore[arg-type]
                   outbox=Outbox(cfg.outbox), db=db, settings=settings,
                   on_finished=lambda j, s: finished.append(j.rel)) as pipeline:
+        # each decode thread opened its database connection before the constructor returned (intake
+        # starts after it); on the CPU the inference threads need no warm-up of their own
+        assert len(pipeline._ledger._conns) == 3 and engine.warm_ups == []
         subs = [threading.Thread(target=lambda k=k: [pipeline.submit(Job.from_path(folder, folder / f"{i}.png"))
                                                      for i in range(k, 60, 3)]) for k in range(3)]
         for t in subs:
@@ -135,3 +143,30 @@ def test_pipeline_with_batches_finishes_every_job_once(cfg, tmp_path: Path, monk
     assert sorted(finished) == sorted(f"{i}.png" for i in range(60))
     assert sum(engine.batch_sizes) == 60 and max(engine.batch_sizes) <= 4
     assert pipeline.counts.done == 60 and pipeline.counts.failed == 0
+
+
+def test_on_cuda_each_inference_thread_runs_once_before_the_pipeline_returns(cfg, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    """onnxruntime's CUDA provider sets up a thread's cuBLAS and cuDNN handles at its first run: on a GPU
+    every inference thread warms up before intake starts (GPU memory sampling is left out here)."""
+    from worker.models.card import InputSpec, ModelCard, Postprocess
+    from worker.outbox import Outbox
+    from worker.pipeline import Pipeline, Settings
+    from worker.store.db import open_db
+    from worker.store.recorder import Recorder, RunInfo
+    from worker.tasks import adapter_for
+
+    monkeypatch.setattr("worker.pipeline.GpuMemory", lambda device_id: None)
+    card = ModelCard(name="fake", task="classify", onnx=Path("none.onnx"), input=InputSpec(size=(8, 8)),
+                     postprocess=Postprocess(top_k=2), labels=("a", "b", "c"))
+    engine = FakeEngine()
+    engine.on_gpu = True
+    db = open_db(cfg.db)
+    recorder = Recorder(db, RunInfo("run", str(tmp_path), "fake", "", "fake", {}))
+    settings = Settings(decode_workers=1, infer_workers=3, max_batch=8, max_delay_ms=5, queue_size=4,
+                        max_pixels=10**6, max_attempts=3, memory_sample_s=1.0)
+    with Pipeline(card=card, engine=engine, adapter=adapter_for(card), recorder=recorder,  # type: ignore[arg-type]
+                  outbox=Outbox(cfg.outbox), db=db, settings=settings):
+        assert sorted(engine.warm_ups) == ["infer-0", "infer-1", "infer-2"]
+    recorder.close()
+    db.dispose()

@@ -282,6 +282,37 @@ def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path)
     db.dispose()
 
 
+def test_a_ledger_connects_ahead_and_its_checks_use_that_connection(tmp_path: Path) -> None:
+    """A decode thread opens its connection as it starts (Pipeline._prepare_loop), so its first image
+    does not pay for it; the checks after use that one, and close() gives it back. A database that
+    cannot be reached at that moment costs the thread nothing: the check says it cannot tell."""
+    from worker.store.ledger import Ledger
+
+    db = open_db(f"sqlite:///{tmp_path / 'l.db'}")
+    ledger = Ledger(db, "m")
+    try:
+        assert db.pool.checkedout() == 0
+        ledger.connect()
+        assert db.pool.checkedout() == 1
+        assert ledger.check("a.png", "s" * 64) is None
+        ledger.connect()  # again: still the one connection
+        assert db.pool.checkedout() == 1
+    finally:
+        ledger.close()
+    assert db.pool.checkedout() == 0
+    db.dispose()
+
+    from sqlalchemy import create_engine
+
+    gone = create_engine(f"sqlite:///{tmp_path / 'no-such-folder' / 'l.db'}")  # a folder nobody made
+    unreachable = Ledger(gone, "m")
+    unreachable.connect()  # does not raise
+    assert gone.pool.checkedout() == 0
+    assert unreachable.check("a.png", "s" * 64) is None
+    unreachable.close()
+    gone.dispose()
+
+
 def test_recorder_hurry_writes_at_once_whatever_the_grouping(tmp_path: Path, monkeypatch) -> None:
     """A thread about to wait for a commit hurries the recorder: with grouping set to an hour, the
     claim is still committed (and the events queued before it with it)."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -57,6 +58,9 @@ CLAIM_AHEAD_BYTES = 64 << 20
 # a file bigger than this many bytes per allowed pixel (16-bit RGBA, uncompressed) is refused unread:
 # reading it whole would cost its size in memory on each decode thread
 MAX_BYTES_PER_PIXEL = 8
+# the constructor waits at most this long for its threads' warm-ups (one run each: a slow GPU's
+# first call can take seconds); past it intake starts anyway
+WARM_UP_WAIT_S = 60.0
 # while the outbox's disk is full, one decode thread looks for room this often (and takes no new job)
 ROOM_CHECK_S = 5.0
 # and the log says again this often that the worker is still paused: an operator who missed the first
@@ -166,20 +170,58 @@ class Pipeline:
         self._size_hw = size
         self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
         gpu = GpuMemory(engine.device_id) if engine.on_gpu else None  # before any thread starts
+        # each decode and inference thread warms itself up before intake starts (_warm_up_thread)
+        self._warm_jpeg = synthetic_jpeg(settings.max_pixels)
+        self._warmed: list[threading.Event] = []
         self._stages = [
-            [self._thread(f"prepare-{i}", self._prepare_loop) for i in range(settings.decode_workers)],
-            [self._thread(f"infer-{i}", self._infer_loop) for i in range(settings.infer_workers)],
+            [self._thread(f"prepare-{i}", self._prepare_loop, self._warm_up_prepare)
+             for i in range(settings.decode_workers)],
+            # on CUDA only: onnxruntime's CUDA provider sets up each thread's cuBLAS and cuDNN handles at its
+            # first run; on the CPU a thread's first run costs what later ones do (README, Watch-mode latency)
+            [self._thread(f"infer-{i}", self._infer_loop, self._warm_up_infer if engine.on_gpu else None)
+             for i in range(settings.infer_workers)],
             [self._thread("finish", self._finish_loop)],
             # moving inputs waits for the database commit: on its own thread, so finish never waits
             [self._thread("archive", self._archive_loop)] if settings.inputs is not None else [],
         ]
         self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
                                       lambda: (self.depth(), self.counts.processed), gpu=gpu)
+        for warmed in self._warmed:
+            warmed.wait(WARM_UP_WAIT_S)
 
-    def _thread(self, name: str, target: Callable[[], None]) -> threading.Thread:
-        t = threading.Thread(target=target, name=name, daemon=True)
+    def _thread(self, name: str, target: Callable[[], None],
+                warm_up: Callable[[], object] | None = None) -> threading.Thread:
+        body = target
+        if warm_up is not None:
+            warmed = threading.Event()
+            self._warmed.append(warmed)
+
+            def body() -> None:
+                self._warm_up_thread(warm_up, warmed)
+                target()
+        t = threading.Thread(target=body, name=name, daemon=True)
         t.start()
         return t
+
+    @staticmethod
+    def _warm_up_thread(step: Callable[[], object], warmed: threading.Event) -> None:
+        """A new thread's first image pays for what is set up per thread: a decode thread's database
+        connection and its first decode and preprocessing (about 1-3 ms more than later images'
+        on YOLOv3-tiny at 640 px: README, Watch-mode latency), an inference thread's CUDA handles. Each
+        such thread pays it here, before intake starts: the constructor waits for them."""
+        try:
+            step()
+        except Exception as e:  # only a warm-up: real images will say what is wrong, one by one
+            log.debug("warm-up of %s: %s", threading.current_thread().name, e)
+        finally:
+            warmed.set()
+
+    def _warm_up_prepare(self) -> None:
+        self._ledger.connect()
+        self.adapter.preprocess(decode(self._warm_jpeg, "warm-up", self.settings.max_pixels))
+
+    def _warm_up_infer(self) -> None:
+        self.engine.warm_up(self.settings.max_batch, self._size_hw)
 
     # -- the public surface ------------------------------------------------------------------
     def submit(self, job: Job, stop: threading.Event | None = None,
@@ -686,17 +728,22 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+@functools.lru_cache(maxsize=4)
+def synthetic_jpeg(max_pixels: int) -> bytes:
+    """A photo-sized (1920x1080, or less within `max_pixels`) JPEG of noise, for warm-ups: made once."""
+    scale = min(1.0, (max_pixels / (1920 * 1080)) ** 0.5) if max_pixels else 1.0
+    h, w = max(1, int(1080 * scale)), max(1, int(1920 * scale))
+    image = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    return cv2.imencode(".jpg", image)[1].tobytes()
+
+
 def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int) -> None:
     """Decode, preprocess, infer and postprocess one synthetic photo-sized JPEG before intake starts.
 
     The first calls into OpenCV's codecs and resizers and into numpy's kernels cost tens of
     milliseconds (more on big images); without this the first real image would pay them."""
-    scale = min(1.0, (max_pixels / (1920 * 1080)) ** 0.5) if max_pixels else 1.0  # within the pixel limit
-    h, w = max(1, int(1080 * scale)), max(1, int(1920 * scale))
-    image = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
     try:
-        ok, jpeg = cv2.imencode(".jpg", image)
-        x, geometry = adapter.preprocess(decode(jpeg.tobytes(), "warm-up", max_pixels))
+        x, geometry = adapter.preprocess(decode(synthetic_jpeg(max_pixels), "warm-up", max_pixels))
         output = engine.run(x[None])[0]
     except Exception as e:  # only a warm-up: real images will say what is wrong, one by one
         log.warning("warm-up of the image stages failed: %s", e)

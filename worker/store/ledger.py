@@ -83,6 +83,16 @@ class Ledger:
         return self._lookup("stamp", rel, {"rel": rel, "model": self.model, "size": size, "stamp": stamp,
                                            "root": self.root})
 
+    def connect(self) -> None:
+        """Open the calling thread's connection now, ahead of its first check: a decode thread calls
+        this as it starts, so its first image does not pay for opening one. A database that cannot be
+        reached now is tried again at that first check, which says why."""
+        try:
+            self._connection()
+        except Exception as e:  # only a head start: never the end of the thread that asked
+            log.debug("ledger: no connection yet (%s)", e)
+            self._drop_connection()
+
     def _lookup(self, which: str, rel: str, params: dict[str, Any]) -> Known | None:
         sql, order = self._sql[which]
         try:
