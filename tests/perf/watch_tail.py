@@ -6,7 +6,8 @@
 Runs `worker bench`'s D (`worker watch` itself on a fresh inbox, fed one JPEG every 1/rate s, written
 under a hidden name and renamed into place) `--runs` times, and prints for each: p50 and p99 of the
 pipeline latency (intake to result, as `worker stats` reports it), their ratio, and the mean of each
-recorded stage for the slowest 2% of images against the 40 around the median. `queue` is intake to
+recorded stage for the slowest 2% of images against the 40 around the median, and the first image's
+against the median (*) of the same picture's copies later in the feed. `queue` is intake to
 decode start (reading, hashing, the claim and its commit); `between` is the rest of the latency that
 no stage accounts for: waiting in the queues between stages, mostly for a free inference thread.
 Use a rate of about half what `worker bench` measured for C on this machine.
@@ -24,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from worker import config
-from worker.bench import _steady, make_corpus
+from worker.bench import _steady, copies_of_first, make_corpus
 from worker.samples import fetch_samples
 
 STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms")
@@ -34,17 +35,24 @@ def one_run(cfg: config.Config, files: list[Path], rate: float, work: Path) -> N
     steady = _steady(cfg, files, rate, work)
     p50, p99 = np.percentile(steady.pipeline_ms, [50, 99])
     with sqlite3.connect(cfg.db.removeprefix("sqlite:///")) as db:
-        rows = np.array(db.execute(f"SELECT {', '.join(STAGES)}, total_ms FROM timings ORDER BY total_ms DESC"
-                                   ).fetchall())
+        found = db.execute(f"SELECT i.rel_path, {', '.join('t.' + s for s in STAGES)}, t.total_ms FROM timings t "
+                           "JOIN images i ON i.id = t.image_id ORDER BY t.total_ms DESC").fetchall()
+    rows = np.array([r[1:] for r in found])
     between = rows[:, -1] - rows[:, :-1].sum(axis=1)
     table = np.column_stack([rows[:, :-1], between, rows[:, -1]])
     k, mid = max(3, len(rows) // 50), len(rows) // 2
+    row_of = {r[0]: i for i, r in enumerate(found)}
+    copies = [row_of[files[i].name] for i in copies_of_first(files)]
     print(f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, p99/p50 {p99 / p50:.2f}; landed to archived p50 "
           f"{np.percentile(steady.landed_ms, 50):.0f} ms, p99 {np.percentile(steady.landed_ms, 99):.0f} ms")
     names = ("queue", "decode", "pre", "infer", "post", "write", "between", "total")
     print("  ms, mean of      " + " ".join(f"{n:>7s}" for n in names))
     for label, part in (("slowest 2%", table[:k]), ("median 40", table[max(0, mid - 20):mid + 20])):
         print(f"  {label:16s}" + " ".join(f"{v:7.1f}" for v in part.mean(axis=0)))
+    # the first image against the same picture later in the feed: what a cold start would cost
+    print(f"  {'first image':16s}" + " ".join(f"{v:7.1f}" for v in table[row_of[files[0].name]]))
+    if copies:
+        print(f"  {f'its {len(copies)} copies*':16s}" + " ".join(f"{v:7.1f}" for v in np.median(table[copies], axis=0)))
 
 
 def main() -> None:
