@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from worker.bench import (CorpusResult, Steady, _bench_heap_frozen, _create_cost, _steady, as_dicts, copies_of_first,
-                          make_corpus, plain_preprocess, verdicts)
+from worker.bench import (STAGES, CorpusResult, Steady, _bench_heap_frozen, _create_cost, _steady, as_dicts,
+                          copies_of_first, first_by_stage, make_corpus, plain_preprocess, verdicts)
 from worker.images import decode
 from worker.models.card import find_card
 from worker.tasks.preprocess import prepare
@@ -35,7 +35,11 @@ def test_steady_feeds_the_real_watcher_and_times_each_image(cfg, samples: Path, 
     work = tmp_path / "steady"
     cfg = dataclasses.replace(cfg, db=f"sqlite:///{tmp_path / 'steady.db'}")
     d = _steady(cfg, files, rate=8.0, work=work)
-    assert d.pipeline_ms.shape == d.landed_ms.shape == (4,)
+    assert d.pipeline_ms.shape == d.landed_ms.shape == (4,) and d.stage_ms.shape == (4, len(STAGES))
+    # every image was decoded and run; the stages recorded fit within its total
+    assert np.all(d.stage_ms[:, STAGES.index("decode")] > 0) and np.all(d.stage_ms[:, STAGES.index("infer")] > 0)
+    assert np.all(d.stage_ms.sum(axis=1) <= d.pipeline_ms + 0.01)
+    assert first_by_stage(d, [2, 3]).startswith(f"queue_wait {d.stage_ms[0, 0]:.1f} / ")
     # landing comes before intake, and the archive move after the result: the outside view is the longer
     assert np.all(d.pipeline_ms > 0) and np.all(d.landed_ms >= d.pipeline_ms)
     assert sorted(p.name for p in (work / "archive" / "done").iterdir()) == [p.name for p in files]
@@ -45,9 +49,11 @@ def test_steady_feeds_the_real_watcher_and_times_each_image(cfg, samples: Path, 
 
 def test_steady_checks_its_arrays() -> None:
     with pytest.raises(ValueError, match="shapes"):
-        Steady(pipeline_ms=np.ones(3), landed_ms=np.ones(2))
+        Steady(pipeline_ms=np.ones(3), landed_ms=np.ones(2), stage_ms=np.ones((3, len(STAGES))))
     with pytest.raises(ValueError, match="shapes"):
-        Steady(pipeline_ms=np.ones(0), landed_ms=np.ones(0))
+        Steady(pipeline_ms=np.ones(0), landed_ms=np.ones(0), stage_ms=np.ones((0, len(STAGES))))
+    with pytest.raises(ValueError, match="shapes"):
+        Steady(pipeline_ms=np.ones(3), landed_ms=np.ones(3), stage_ms=np.ones((3, 2)))
 
 
 @pytest.mark.parametrize("model", ["efficientnet-lite0", "yolov3-tiny", "ppocr-det"])  # crop, letterbox, stretch

@@ -313,6 +313,23 @@ def test_a_ledger_connects_ahead_and_its_checks_use_that_connection(tmp_path: Pa
     gone.dispose()
 
 
+def test_the_recorder_compiles_the_claims_id_query_before_the_first_claim(tmp_path: Path) -> None:
+    """SQLAlchemy compiles a statement at its first execution (about 1 ms): the recorder does that as
+    it starts, so the first image's claim, which its decode thread waits for, finds it compiled."""
+    from sqlalchemy.engine.default import CACHE_HIT
+
+    from worker.store.recorder import Recorder, RunInfo
+
+    db = open_db(f"sqlite:///{tmp_path / 'w.db'}")
+    rec = Recorder(db, RunInfo("run", "/x", "m", "", "cpu", {}))
+    try:
+        with db.connect() as c:
+            assert c.execute(rec._ids, {"model": "m", "rels": ["a.png"]}).context.cache_hit == CACHE_HIT
+    finally:
+        rec.close()
+        db.dispose()
+
+
 def test_recorder_hurry_writes_at_once_whatever_the_grouping(tmp_path: Path, monkeypatch) -> None:
     """A thread about to wait for a commit hurries the recorder: with grouping set to an hour, the
     claim is still committed (and the events queued before it with it)."""

@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterator
 import cv2
 import numpy as np
 import onnxruntime as ort
+from sqlalchemy import select
 
 from worker.config import Config
 from worker.engine import wanted_providers
@@ -52,6 +53,7 @@ from worker.models.pull import pull, with_labels
 from worker.samples import fetch_samples
 from worker.store.db import open_db
 from worker.store.queries import run_stats
+from worker.store.schema import ImageRow, TimingRow
 from worker.tasks import adapter_for
 from worker.tasks.preprocess import Geometry, resize_for
 
@@ -412,6 +414,8 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             f"ms{_copies_note(r, len(copies))}, p50 {r.steady_p50_ms:.0f} ms, p99 {r.steady_p99_ms:.0f} ms (p99/p50 "
             f"{r.steady_p99_ms / r.steady_p50_ms:.2f}); landed to archived p50 {r.steady_landed_p50_ms:.0f} ms, "
             f"p99 {r.steady_landed_p99_ms:.0f} ms")
+        if copies:
+            say(f"    D's first image by stage, against its copies' median: {first_by_stage(steady, copies)}")
         results.append(r)
     return results
 
@@ -420,6 +424,13 @@ def copies_of_first(files: list[Path]) -> list[int]:
     """Indexes of the later files with the same bytes as the first (the corpus repeats its pictures)."""
     first = files[0].read_bytes()
     return [i for i, p in enumerate(files) if i and p.stat().st_size == len(first) and p.read_bytes() == first]
+
+
+def first_by_stage(steady: Steady, copies: list[int]) -> str:
+    """"queue_wait 3.8 / 1.8 ms, decode ..." for D's first image against the median of its copies: where
+    a first image over p99 spent its time (a cold start shows in the stage it hit)."""
+    theirs = np.median(steady.stage_ms[copies], axis=0)
+    return ", ".join(f"{s} {a:.1f} / {b:.1f}" for s, a, b in zip(STAGES, steady.stage_ms[0], theirs)) + " ms"
 
 
 def _copies_note(r: CorpusResult, n: int) -> str:
@@ -471,16 +482,23 @@ def _worker_run(cfg: Config, folder: Path) -> tuple[int, dict[str, float]]:
     return int(run[1]), {"images_per_s": float(rate[1]), "p50": float(rate[2]), "p99": float(rate[3])}
 
 
+# the stages each image's timings row records, in the order of Steady.stage_ms's columns
+STAGES = ("queue_wait", "decode", "preprocess", "infer", "postprocess", "write")
+
+
 @dataclass(frozen=True)
 class Steady:
     """D's latencies, ms, one per image in landing order."""
 
     pipeline_ms: np.ndarray  # (N,) intake to result, as recorded in `timings.total_ms` (what `worker stats` reports)
     landed_ms: np.ndarray  # (N,) from the rename into the inbox to the outcome committed and the input archived
+    stage_ms: np.ndarray  # (N, len(STAGES)) each image's recorded stages
 
     def __post_init__(self) -> None:
-        if self.pipeline_ms.shape != self.landed_ms.shape or self.pipeline_ms.ndim != 1 or not len(self.pipeline_ms):
-            raise ValueError(f"latency arrays of shapes {self.pipeline_ms.shape} and {self.landed_ms.shape}")
+        n = self.pipeline_ms.shape
+        if self.landed_ms.shape != n or self.pipeline_ms.ndim != 1 or not len(self.pipeline_ms) or \
+                self.stage_ms.shape != (*n, len(STAGES)):
+            raise ValueError(f"latency arrays of shapes {n}, {self.landed_ms.shape} and {self.stage_ms.shape}")
 
 
 @contextlib.contextmanager
@@ -558,12 +576,17 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
     db = open_db(cfg.db)
     try:  # the latencies as `worker query` reports them
         rows = query_images(db, Filters(run_id=summary[0].run_id, limit=len(datas)))
+        with db.connect() as c:
+            stages = {rel: list(ms) for rel, *ms in c.execute(
+                select(ImageRow.rel_path, *(getattr(TimingRow, f"{s}_ms") for s in STAGES))
+                .join(TimingRow, TimingRow.image_id == ImageRow.id).where(ImageRow.run_id == summary[0].run_id))}
     finally:
         db.dispose()
     recorded = {r["rel_path"]: r["total_ms"] for r in rows}
     names = [name for name, _ in datas]
     return Steady(pipeline_ms=np.array([recorded[n] for n in names]),
-                  landed_ms=np.array([(finished[n] - landed[n]) * 1000 for n in names]))
+                  landed_ms=np.array([(finished[n] - landed[n]) * 1000 for n in names]),
+                  stage_ms=np.array([stages[n] for n in names]))
 
 
 def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], count: int,
