@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import hashlib
 import logging
 import os
@@ -170,8 +169,8 @@ class Pipeline:
         self._size_hw = size
         self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
         gpu = GpuMemory(engine.device_id) if engine.on_gpu else None  # before any thread starts
-        # each decode and inference thread warms itself up before intake starts (_warm_up_thread)
-        self._warm_jpeg = synthetic_jpeg(settings.max_pixels)
+        # each decode thread (and on CUDA each inference thread) warms itself up before intake starts
+        self._warm_jpeg: bytes | None = synthetic_jpeg(settings.max_pixels)  # dropped once they have
         self._warmed: list[threading.Event] = []
         self._stages = [
             [self._thread(f"prepare-{i}", self._prepare_loop, self._warm_up_prepare)
@@ -188,6 +187,7 @@ class Pipeline:
                                       lambda: (self.depth(), self.counts.processed), gpu=gpu)
         for warmed in self._warmed:
             warmed.wait(WARM_UP_WAIT_S)
+        self._warm_jpeg = None  # 2.4 MB, not to be kept for the months a watcher runs
 
     def _thread(self, name: str, target: Callable[[], None],
                 warm_up: Callable[[], object] | None = None) -> threading.Thread:
@@ -218,7 +218,8 @@ class Pipeline:
 
     def _warm_up_prepare(self) -> None:
         self._ledger.connect()
-        self.adapter.preprocess(decode(self._warm_jpeg, "warm-up", self.settings.max_pixels))
+        if (jpeg := self._warm_jpeg) is not None:  # None: intake has started without waiting any longer
+            self.adapter.preprocess(decode(jpeg, "warm-up", self.settings.max_pixels))
 
     def _warm_up_infer(self) -> None:
         self.engine.warm_up(self.settings.max_batch, self._size_hw)
@@ -728,9 +729,8 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-@functools.lru_cache(maxsize=4)
 def synthetic_jpeg(max_pixels: int) -> bytes:
-    """A photo-sized (1920x1080, or less within `max_pixels`) JPEG of noise, for warm-ups: made once."""
+    """A photo-sized (1920x1080, or less within `max_pixels`) JPEG of noise, for warm-ups."""
     scale = min(1.0, (max_pixels / (1920 * 1080)) ** 0.5) if max_pixels else 1.0
     h, w = max(1, int(1080 * scale)), max(1, int(1920 * scale))
     image = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
