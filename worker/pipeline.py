@@ -57,8 +57,8 @@ CLAIM_AHEAD_BYTES = 64 << 20
 # a file bigger than this many bytes per allowed pixel (16-bit RGBA, uncompressed) is refused unread:
 # reading it whole would cost its size in memory on each decode thread
 MAX_BYTES_PER_PIXEL = 8
-# the constructor waits at most this long for its threads' warm-ups (one run each: a slow GPU's
-# first call can take seconds); past it intake starts anyway
+# the constructor waits at most this long for its threads' warm-ups, all together (a slow GPU's first
+# call on a thread can take seconds); past it intake starts anyway
 WARM_UP_WAIT_S = 60.0
 # while the outbox's disk is full, one decode thread looks for room this often (and takes no new job)
 ROOM_CHECK_S = 5.0
@@ -185,8 +185,9 @@ class Pipeline:
         ]
         self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
                                       lambda: (self.depth(), self.counts.processed), gpu=gpu)
+        deadline = time.monotonic() + WARM_UP_WAIT_S  # for all of them together: they warm up side by side
         for warmed in self._warmed:
-            warmed.wait(WARM_UP_WAIT_S)
+            warmed.wait(max(0.0, deadline - time.monotonic()))
         self._warm_jpeg = None  # 2.4 MB, not to be kept for the months a watcher runs
 
     def _thread(self, name: str, target: Callable[[], None],
