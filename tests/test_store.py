@@ -283,7 +283,7 @@ def test_recorder_claims_are_committed_before_the_caller_goes_on(tmp_path: Path)
 
 
 def test_a_ledger_connects_ahead_and_its_checks_use_that_connection(tmp_path: Path) -> None:
-    """A decode thread opens its connection as it starts (Pipeline._prepare_loop), so its first image
+    """A decode thread opens its connection as it starts (Pipeline._warm_up_prepare), so its first image
     does not pay for it; the checks after use that one, and close() gives it back. A database that
     cannot be reached at that moment costs the thread nothing: the check says it cannot tell."""
     from worker.store.ledger import Ledger

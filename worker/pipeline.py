@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import hashlib
 import logging
 import os
@@ -189,6 +190,7 @@ class Pipeline:
         for warmed in self._warmed:
             warmed.wait(max(0.0, deadline - time.monotonic()))
         self._warm_jpeg = None  # 2.4 MB, not to be kept for the months a watcher runs
+        synthetic_jpeg.cache_clear()
 
     def _thread(self, name: str, target: Callable[[], None],
                 warm_up: Callable[[], object] | None = None) -> threading.Thread:
@@ -730,8 +732,11 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
+@functools.lru_cache(maxsize=1)
 def synthetic_jpeg(max_pixels: int) -> bytes:
-    """A photo-sized (1920x1080, or less within `max_pixels`) JPEG of noise, for warm-ups."""
+    """A photo-sized (1920x1080, or less within `max_pixels`) JPEG of noise, for warm-ups. Encoding it
+    takes about 50 ms: made once per start (warm_up_stages, then the Pipeline's threads), and let go
+    by the Pipeline once its threads have warmed up."""
     scale = min(1.0, (max_pixels / (1920 * 1080)) ** 0.5) if max_pixels else 1.0
     h, w = max(1, int(1080 * scale)), max(1, int(1920 * scale))
     image = np.random.default_rng(0).integers(0, 256, (h, w, 3), dtype=np.uint8)
