@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sqlite3
 import sys
 import tempfile
 from pathlib import Path
@@ -28,29 +27,23 @@ from worker import config
 from worker.bench import _steady, copies_of_first, make_corpus
 from worker.samples import fetch_samples
 
-STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms")
-
-
 def one_run(cfg: config.Config, files: list[Path], rate: float, work: Path) -> None:
     steady = _steady(cfg, files, rate, work)
     p50, p99 = np.percentile(steady.pipeline_ms, [50, 99])
-    with sqlite3.connect(cfg.db.removeprefix("sqlite:///")) as db:
-        found = db.execute(f"SELECT i.rel_path, {', '.join('t.' + s for s in STAGES)}, t.total_ms FROM timings t "
-                           "JOIN images i ON i.id = t.image_id ORDER BY t.total_ms DESC").fetchall()
-    rows = np.array([r[1:] for r in found])
-    between = rows[:, -1] - rows[:, :-1].sum(axis=1)
-    table = np.column_stack([rows[:, :-1], between, rows[:, -1]])
-    k, mid = max(3, len(rows) // 50), len(rows) // 2
-    row_of = {r[0]: i for i, r in enumerate(found)}
-    copies = [row_of[files[i].name] for i in copies_of_first(files)]
+    total = steady.pipeline_ms
+    between = total - steady.stage_ms.sum(axis=1)
+    table = np.column_stack([steady.stage_ms, between, total])  # in landing order: the first image is row 0
+    slowest = table[np.argsort(-total, kind="stable")]
+    k, mid = max(3, len(table) // 50), len(table) // 2
+    copies = copies_of_first(files)
     print(f"p50 {p50:.1f} ms, p99 {p99:.1f} ms, p99/p50 {p99 / p50:.2f}; landed to archived p50 "
           f"{np.percentile(steady.landed_ms, 50):.0f} ms, p99 {np.percentile(steady.landed_ms, 99):.0f} ms")
     names = ("queue", "decode", "pre", "infer", "post", "write", "between", "total")
     print("  ms, mean of      " + " ".join(f"{n:>7s}" for n in names))
-    for label, part in (("slowest 2%", table[:k]), ("median 40", table[max(0, mid - 20):mid + 20])):
+    for label, part in (("slowest 2%", slowest[:k]), ("median 40", slowest[max(0, mid - 20):mid + 20])):
         print(f"  {label:16s}" + " ".join(f"{v:7.1f}" for v in part.mean(axis=0)))
     # the first image against the same picture later in the feed: what a cold start would cost
-    print(f"  {'first image':16s}" + " ".join(f"{v:7.1f}" for v in table[row_of[files[0].name]]))
+    print(f"  {'first image':16s}" + " ".join(f"{v:7.1f}" for v in table[0]))
     if copies:
         print(f"  {f'its {len(copies)} copies*':16s}" + " ".join(f"{v:7.1f}" for v in np.median(table[copies], axis=0)))
 
