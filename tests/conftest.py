@@ -83,7 +83,7 @@ def cfg(tmp_path: Path, ppocr_onnx: Path) -> Config:
         db=f"sqlite:///{tmp_path / 'worker.db'}",
         cache_dir=CACHE,
         models_dir=ROOT / "models",
-        watch=dataclasses.replace(base.watch, settle_s=0.3, rescan_interval_s=2.0),
+        watch=dataclasses.replace(base.watch, settle_s=0.3, rescan_interval_s=2.0, incomplete_s=1.0),
         metrics=dataclasses.replace(base.metrics, memory_sample_s=0.5),
     )
 

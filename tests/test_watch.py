@@ -374,6 +374,72 @@ def test_watch_moves_bad_files_to_failed_and_keeps_going(cfg, samples: Path) -> 
     assert rows["random.jpg"].status == "failed" and rows["random.jpg"].error
 
 
+def test_a_file_cut_short_waits_for_its_writer_then_is_taken_whole(tmp_path: Path, samples: Path) -> None:
+    """A close event on the first part of a JPEG does not take it: its writer may come back (a resumed
+    upload). The rest appended and closed again, it is taken once, whole."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    data = (samples / "rocket.jpg").read_bytes()
+    path = inbox / "upload.jpg"
+    path.write_bytes(data[: len(data) // 3])
+    submitted: list[Job] = []
+    intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append, incomplete_s=600.0)
+    intake.notify(path, ready=True)  # the first part's close-after-write
+    assert intake._tick() == 0 and intake._tick() == 0  # held, however often it is looked at
+    with open(path, "ab") as f:  # the upload resumes
+        f.write(data[len(data) // 3:])
+    intake.notify(path, ready=True)
+    assert intake._tick() == 1
+    assert [(j.rel, j.size) for j in submitted] == [("upload.jpg", len(data))]
+
+
+def test_a_file_still_cut_short_is_taken_once_unchanged_for_incomplete_s(tmp_path: Path, samples: Path,
+                                                                         caplog) -> None:
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    cut = (samples / "rocket.jpg").read_bytes()[:5000]
+    (inbox / "new.jpg").write_bytes(cut)
+    old = inbox / "old.jpg"  # cut short long before the start: its mtime says so, it is not held
+    old.write_bytes(cut)
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    submitted: list[Job] = []
+    intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append, incomplete_s=0.5)
+    with caplog.at_level(logging.INFO, logger="worker.intake.watch"):
+        intake.rescan()
+        intake._tick()  # sizes noted
+        assert intake._tick() == 1 and [j.rel for j in submitted] == ["old.jpg"]
+        assert wait_for(lambda: intake._tick() == 1, timeout=10)
+    assert [j.rel for j in submitted] == ["old.jpg", "new.jpg"]
+    said = [r.getMessage() for r in caplog.records if "looks cut short" in r.getMessage()]
+    assert said == ["new.jpg looks cut short (no JPEG end-of-image marker after the last scan): waiting until it "
+                    "has not changed for 0.5 s (watch.incomplete_s)"]
+
+
+def test_an_upload_resumed_after_its_first_part_was_closed_gives_one_result(cfg, samples: Path) -> None:
+    """Real inotify events: the first part of a photo is written and closed, the writer pauses (a
+    dropped connection) far longer than settle_s, then appends the rest. Before watch.incomplete_s the
+    first part failed as a truncated JPEG and was archived, and the rest then failed as a headless
+    file: two failures, no result."""
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, observer="native", incomplete_s=60.0))
+    cfg.inbox.mkdir(parents=True)
+    data = (samples / "rocket.jpg").read_bytes()
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        with open(cfg.inbox / "resumed.jpg", "wb") as f:
+            f.write(data[:30000])
+        time.sleep(1.5)  # the pause: five times settle_s
+        assert w.finished == []
+        with open(cfg.inbox / "resumed.jpg", "ab") as f:
+            f.write(data[30000:])
+        assert wait_for(lambda: len(w.finished) >= 1, timeout=60)
+        time.sleep(0.5)  # room for a wrong second job to show up
+    assert w.finished == [("resumed.jpg", JobStatus.DONE)]
+    row = image_rows(cfg)["resumed.jpg"]
+    assert (row.status, row.size, row.attempts) == ("done", len(data), 1)
+    assert (cfg.archive / "done" / "resumed.jpg").read_bytes() == data
+    assert not (cfg.archive / "failed").exists()
+
+
 def test_a_file_archived_while_a_rescan_looks_at_it_is_not_submitted_again(tmp_path: Path, monkeypatch) -> None:
     """The race: a rescan sees a file in flight; between its lstat and its in-flight check the pipeline
     finishes the job, moves the file to the archive and forgets it. A second job for the vanished file

@@ -31,6 +31,9 @@ class WatchConfig:
     # files), native (inotify etc.) elsewhere
     observer: Literal["auto", "native", "polling"] = "auto"
     settle_s: float = 1.0  # size and mtime unchanged this long => fully written (polling, copy tools)
+    # a file that looks cut short (a JPEG without its end marker, ...) waits until unchanged this long,
+    # since its writer may come back (a resumed upload); 0: taken at once, as any other file
+    incomplete_s: float = 30.0
     poll_interval_s: float = 1.0  # polling observer period
     rescan_interval_s: float = 30.0  # periodic inbox rescan, catches missed events; 0 disables
     status_log_s: float = 300.0  # log a status line this often (done, failed, latency, RSS); 0 disables

@@ -187,16 +187,19 @@ def _without_colour_profile(png: bytes) -> bytes:
     return png
 
 
-def _check_jpeg_complete(data: bytes, name: str) -> None:
-    """libjpeg decodes a truncated JPEG 'successfully', filling the rest with gray; refuse it instead.
-
-    The end-of-image marker must follow the last start-of-scan marker (markers cannot occur inside
-    entropy-coded data, so an EXIF thumbnail's own EOI, which comes earlier, does not count).
-    Searched from the ends: the last EOI is normally the file's last two bytes and the first scan
-    follows the headers, so neither search crosses the entropy-coded data (an rfind for the last
+def jpeg_complete(data: bytes) -> bool:
+    """Whether a JPEG's end-of-image marker follows its last start-of-scan marker (markers cannot
+    occur inside entropy-coded data, so an EXIF thumbnail's own EOI, which comes earlier, does not
+    count). Searched from the ends: the last EOI is normally the file's last two bytes and the first
+    scan follows the headers, so neither search crosses the entropy-coded data (an rfind for the last
     scan does: 0.7 ms on a 350 KB photo)."""
     eoi = data.rfind(b"\xff\xd9")
-    if eoi == -1 or data.find(b"\xff\xda", eoi) != -1 or data.find(b"\xff\xda", 0, eoi) == -1:
+    return eoi != -1 and data.find(b"\xff\xda", eoi) == -1 and data.find(b"\xff\xda", 0, eoi) != -1
+
+
+def _check_jpeg_complete(data: bytes, name: str) -> None:
+    """libjpeg decodes a truncated JPEG 'successfully', filling the rest with gray; refuse it instead."""
+    if not jpeg_complete(data):
         raise DecodeError(name, "truncated JPEG (no end-of-image marker after the last scan)")
 
 

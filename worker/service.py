@@ -206,7 +206,8 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
 
         intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s,
                         lambda job: pipeline.submit(job, stop, waiting=check),
-                        done=pipeline.kept if cfg.inputs.watch == "keep" else None)
+                        done=pipeline.kept if cfg.inputs.watch == "keep" else None,
+                        incomplete_s=cfg.watch.incomplete_s)
         watched = None if burst else WatchedInbox(intake, cfg.watch.observer, cfg.watch.poll_interval_s)
         log.info("watching %s (model %s, providers %s, %s observer)", inbox, pipeline.card.name,
                  ",".join(pipeline.engine.providers), watched.kind if watched is not None else "no")

@@ -2,8 +2,10 @@
 
 The watchdog handler only records paths (it never blocks); the intake loop decides when a file is
 complete and submits it. Complete means: a close-after-write or moved-in event, or (polling
-observers, copy tools that keep the file open) size and mtime unchanged for `settle_s`. A periodic
-rescan finds files whose events were missed (queue overflow, restarts, network shares).
+observers, copy tools that keep the file open) size and mtime unchanged for `settle_s`; and, for a
+file that still looks cut short (worker.intake.complete: its writer may come back), unchanged for
+`incomplete_s`. A periodic rescan finds files whose events were missed (queue overflow, restarts,
+network shares).
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from worker.errors import WorkerError
+from worker.intake.complete import cut_short
 from worker.intake.scan import is_candidate, walk
 from worker.jobs import Job
 from worker.locks import flocked
 from worker.mounts import network_filesystem
+from worker.names import as_text
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +109,9 @@ class _Pending:
     mtime_ns: int
     since: float
     ready: bool  # a close-write or moved-in event said the file is complete
+    judged: bool = False  # cut_short was asked at this size and mtime (once per change: it reads the file)
+    cut: str | None = None  # its answer: why the file looks unfinished
+    held: bool = False  # the log has said that it waits
 
 
 class Intake:
@@ -112,10 +119,12 @@ class Intake:
 
     def __init__(self, root: Path, extensions: tuple[str, ...], settle_s: float, rescan_s: float,
                  submit: Callable[[Job], object], skip: tuple[Path, ...] = (),
-                 done: Callable[[str, tuple[int, int]], bool] | None = None) -> None:
+                 done: Callable[[str, tuple[int, int]], bool] | None = None, incomplete_s: float = 0.0) -> None:
         """`done(rel, (size, mtime_ns))`: whether that content was processed and left in the inbox on purpose
-        (`inputs: keep`); such a file is not submitted again."""
+        (`inputs: keep`); such a file is not submitted again. `incomplete_s`: how long a file that looks
+        cut short (worker.intake.complete) must stay unchanged before it is taken anyway; 0: not held."""
         self.root, self.extensions, self.settle_s, self.rescan_s = root, extensions, settle_s, rescan_s
+        self.incomplete_s = incomplete_s
         self.submit, self.skip, self.done = submit, skip, done
         self._pending: dict[Path, _Pending] = {}
         self._inflight: dict[str, tuple[int, int]] = {}  # rel -> (size, mtime_ns) submitted, not finished
@@ -188,11 +197,13 @@ class Intake:
                 continue
             changed = (st.st_size, st.st_mtime_ns) != (p.size, p.mtime_ns)
             if changed:
-                p.size, p.mtime_ns, p.since = st.st_size, st.st_mtime_ns, now
+                p.size, p.mtime_ns, p.since, p.judged = st.st_size, st.st_mtime_ns, now, False
             if not (p.ready or (not changed and now - p.since >= self.settle_s)):
                 continue
-            self._drop(path)
             rel = path.relative_to(self.root).as_posix()
+            if self._held(path, rel, p, st, now):
+                continue
+            self._drop(path)
             sig = (st.st_size, st.st_mtime_ns)
             if self.done is not None and self.done(rel, sig):
                 continue  # kept in the inbox after it was processed: each rescan sees it again
@@ -205,6 +216,25 @@ class Intake:
             self.submit(Job(path=path, rel=rel, size=st.st_size, mtime_ns=st.st_mtime_ns))
             submitted += 1
         return submitted
+
+    def _held(self, path: Path, rel: str, p: _Pending, st: os.stat_result, now: float) -> bool:
+        """Whether a file that looks cut short waits for its writer to come back (worker.intake.complete).
+        It is taken once it has been unchanged for incomplete_s (by the intake's clock, or by its mtime:
+        a file cut short long before the start is not held), or once a new close event finds it complete."""
+        if not self.incomplete_s or not stat.S_ISREG(st.st_mode):
+            return False
+        if now - p.since >= self.incomplete_s or time.time() - st.st_mtime >= self.incomplete_s:
+            return False  # then taken as it is: a file still cut short fails with the reason
+        if not p.judged:
+            p.cut, p.judged = cut_short(path, st.st_size), True
+        if p.cut is None:
+            return False
+        if not p.held:
+            p.held = True
+            log.info("%s looks cut short (%s): waiting until it has not changed for %g s (watch.incomplete_s)",
+                     as_text(rel), p.cut, self.incomplete_s)
+        p.ready = False  # a close event alone no longer takes it: a new one (after more writes) may
+        return True
 
     def _still_there(self, path: Path, rel: str, sig: tuple[int, int]) -> bool:
         """Look again once the path is reserved. Its earlier job may have finished since the lstat:
