@@ -219,11 +219,12 @@ class Intake:
 
     def _held(self, path: Path, rel: str, p: _Pending, st: os.stat_result, now: float) -> bool:
         """Whether a file that looks cut short waits for its writer to come back (worker.intake.complete).
-        It is taken once it has been unchanged for incomplete_s (by the intake's clock, or by its mtime:
-        a file cut short long before the start is not held), or once a new close event finds it complete."""
+        It is taken once the intake has seen it unchanged for incomplete_s, or once a new close event
+        finds it complete. (Not by its mtime: a copy that keeps the original's times, or an SMB client
+        that sets them first, gives an old mtime to a file still being written.)"""
         if not self.incomplete_s or not stat.S_ISREG(st.st_mode):
             return False
-        if now - p.since >= self.incomplete_s or time.time() - st.st_mtime >= self.incomplete_s:
+        if now - p.since >= self.incomplete_s:
             return False  # then taken as it is: a file still cut short fails with the reason
         if not p.judged:
             p.cut, p.judged = cut_short(path, st.st_size), True
