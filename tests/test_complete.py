@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from worker.images import jpeg_complete
 from worker.intake.complete import TAIL_BYTES, cut_short, judge
 
 
@@ -40,9 +41,23 @@ def test_a_photo_longer_than_the_tail_read_is_judged_by_its_tail(samples: Path, 
     assert len(data) > 2 * TAIL_BYTES  # the tail read alone decides
     path = tmp_path / "hubble.jpg"
     assert _judged(path, data) is None
-    assert _judged(path, data[: len(data) // 2]) == "no JPEG end-of-image marker at its end"
+    assert _judged(path, data[: len(data) // 2]) == "no JPEG end-of-image marker after the last scan"
+    assert judge(data[:16], data[-TAIL_BYTES:], len(data)) is None  # its tail alone says complete
+    assert judge(data[:16], data[: len(data) // 2][-TAIL_BYTES:], len(data) // 2) is not None
     # bytes a camera appends after the end marker, shorter than the tail read: still complete
     assert _judged(path, data + b"\x00" * 1000 + b"TRAILER") is None
+
+
+def test_a_trailer_longer_than_the_tail_read_is_judged_as_the_decoder_judges_it(samples: Path,
+                                                                             tmp_path: Path) -> None:
+    """A motion photo: a video of a few MB after the JPEG's end marker. The tail shows no end marker,
+    so the file is read whole and gets the decoder's own check (worker.images.jpeg_complete)."""
+    photo = (samples / "hubble_deep_field.jpg").read_bytes()
+    path = tmp_path / "motion.jpg"
+    assert _judged(path, photo + bytes(3 * TAIL_BYTES)) is None
+    video = np.random.default_rng(1).integers(0, 256, 3 << 20, dtype=np.uint8).tobytes()
+    assert (_judged(path, photo + video) is None) == jpeg_complete(photo + video)
+    assert _judged(path, photo[: len(photo) // 2] + bytes(3 * TAIL_BYTES)) is not None
 
 
 def test_a_small_jpeg_cut_after_its_thumbnail_is_cut_short() -> None:

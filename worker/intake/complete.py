@@ -6,9 +6,10 @@ the first part, then opens the file again and appends the rest. A part taken at 
 truncated image and is archived, and the rest then lands as a second, headless file: the image is
 lost. The intake holds a file that looks cut short until it has not changed for `watch.incomplete_s`.
 
-A wrong "cut short" (data appended after a JPEG's end marker, as some phones do) only delays the
-file; a wrong "complete" is what every file got before. Formats with no end to check (TIFF) are
-never held.
+The tail decides most files; one that looks cut short by its tail is read whole (up to
+FULL_READ_BYTES), so that data appended after the end (a phone's motion photo puts a video after the
+JPEG) is judged as the decoder judges it. A wrong "cut short" only delays the file; a wrong
+"complete" is what every file got before. Formats with no end to check (TIFF) are never held.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from worker.images import jpeg_complete
 
 # enough of the tail for a JPEG's end marker behind a small trailer, and a PNG's or GIF's last chunk
 TAIL_BYTES = 64 * 1024
+# a file that looks cut short by its tail is read whole up to this size (from the page cache: 0.3 ms
+# for half of a 528 KB photo, 6 ms for one with 3 MB appended); a larger one is judged by its tail alone
+FULL_READ_BYTES = 64 * 1024 * 1024
 _HEAD_BYTES = 16
 
 
@@ -37,11 +41,15 @@ def cut_short(path: Path, size: int) -> str | None:
         head = os.pread(fd, _HEAD_BYTES, 0)
         start = max(size - TAIL_BYTES, 0)
         tail = os.pread(fd, size - start, start) if size else b""
+        why = judge(head, tail, size)
+        if why is not None and len(tail) < size <= FULL_READ_BYTES:
+            whole = os.pread(fd, size, 0)  # shorter if it was cut meanwhile: judged as it is now
+            why = judge(whole[:_HEAD_BYTES], whole, len(whole))
     except OSError:
         return None
     finally:
         os.close(fd)
-    return judge(head, tail, size)
+    return why
 
 
 def judge(head: bytes, tail: bytes, size: int) -> str | None:
@@ -51,13 +59,13 @@ def judge(head: bytes, tail: bytes, size: int) -> str | None:
         return "empty"  # made, not yet written (some writers create a file, then open it again to write)
     if head[:2] == b"\xff\xd8":
         if len(tail) == size:  # the whole file: the decoder's own check
-            return None if jpeg_complete(tail) else "no JPEG end-of-image marker after the last scan"
-        eoi = tail.rfind(b"\xff\xd9")
-        if eoi == -1 or tail.find(b"\xff\xda", eoi) != -1:
-            return "no JPEG end-of-image marker at its end"
-        return None
+            complete = jpeg_complete(tail)
+        else:  # its end: the last end marker with no scan after it (the scans before it are the decoder's)
+            eoi = tail.rfind(b"\xff\xd9")
+            complete = eoi != -1 and tail.find(b"\xff\xda", eoi) == -1
+        return None if complete else "no JPEG end-of-image marker after the last scan"
     if head[:8] == b"\x89PNG\r\n\x1a\n":
-        iend = tail.rfind(b"\x00\x00\x00\x00IEND", max(len(tail) - 64, 0))  # length 0, type, then a 4-byte CRC
+        iend = tail.rfind(b"\x00\x00\x00\x00IEND")  # length 0 and type; its 4-byte CRC must follow
         return None if iend != -1 and len(tail) - iend >= 12 else "no PNG end chunk"
     if head[:6] in (b"GIF87a", b"GIF89a"):
         return None if tail.endswith(b";") else "no GIF trailer"
