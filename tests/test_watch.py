@@ -413,6 +413,25 @@ def test_a_file_still_cut_short_is_taken_once_unchanged_for_incomplete_s(tmp_pat
                     "has not changed for 0.5 s (watch.incomplete_s)"]
 
 
+def test_a_kept_input_is_not_read_to_judge_it(tmp_path: Path, samples: Path, monkeypatch) -> None:
+    """inputs: keep: every rescan sees every kept file again; one known done (by its size and mtime)
+    is passed over unread, cut short or not (200,000 kept files on a share must not be read each time)."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    (inbox / "kept.jpg").write_bytes((samples / "rocket.jpg").read_bytes()[:5000])
+    judged: list[Path] = []
+    real = watch_module.cut_short
+    monkeypatch.setattr(watch_module, "cut_short", lambda path, size: judged.append(path) or real(path, size))
+    submitted: list[Job] = []
+    intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append,
+                    done=lambda rel, sig: True, incomplete_s=600.0)
+    intake.notify(inbox / "kept.jpg", ready=True)
+    assert intake._tick() == 0
+    assert judged == [] and submitted == []
+    with intake._lock:
+        assert not intake._pending  # let go, not held
+
+
 def test_an_upload_resumed_after_its_first_part_was_closed_gives_one_result(cfg, samples: Path) -> None:
     """Real inotify events: the first part of a photo is written and closed, the writer pauses (a
     dropped connection) far longer than settle_s, then appends the rest. Before watch.incomplete_s the

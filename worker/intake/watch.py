@@ -201,12 +201,13 @@ class Intake:
             if not (p.ready or (not changed and now - p.since >= self.settle_s)):
                 continue
             rel = path.relative_to(self.root).as_posix()
+            sig = (st.st_size, st.st_mtime_ns)
+            if self.done is not None and self.done(rel, sig):
+                self._drop(path)
+                continue  # kept in the inbox after it was processed: each rescan sees it again (unread)
             if self._held(path, rel, p, st, now):
                 continue
             self._drop(path)
-            sig = (st.st_size, st.st_mtime_ns)
-            if self.done is not None and self.done(rel, sig):
-                continue  # kept in the inbox after it was processed: each rescan sees it again
             with self._lock:
                 if self._inflight.get(rel) == sig:
                     continue  # already submitted (a second event for the same content)
