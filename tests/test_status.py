@@ -57,6 +57,20 @@ def test_one_line_per_period_saying_what_happened_since_the_last(caplog) -> None
     assert len(caplog.records) == n
 
 
+def test_files_held_as_cut_short_are_counted_so_that_idle_does_not_mislead(caplog) -> None:
+    caplog.set_level(logging.INFO, logger="worker.status")
+    counts, clock, held = Counts(), Clock(), [2]
+    status = StatusLog(60, counts, lambda: 0, clock, held=lambda: held[0])
+    clock.now += 60
+    status.tick()
+    assert re.fullmatch(r"status: idle for the last 60 s; 0 in flight, 2 held as cut short \(watch.incomplete_s\); "
+                        r"RSS \d+ MB", caplog.records[-1].message)
+    held[0] = 0
+    clock.now += 60
+    status.tick()
+    assert "held" not in caplog.records[-1].message
+
+
 def test_a_real_watcher_logs_its_status(cfg, samples: Path, caplog) -> None:
     caplog.set_level(logging.INFO, logger="worker.status")
     cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, status_log_s=0.3))

@@ -386,10 +386,11 @@ def test_a_file_cut_short_waits_for_its_writer_then_is_taken_whole(tmp_path: Pat
     intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append, incomplete_s=600.0)
     intake.notify(path, ready=True)  # the first part's close-after-write
     assert intake._tick() == 0 and intake._tick() == 0  # held, however often it is looked at
+    assert intake.held() == 1  # the status line says so
     with open(path, "ab") as f:  # the upload resumes
         f.write(data[len(data) // 3:])
     intake.notify(path, ready=True)
-    assert intake._tick() == 1
+    assert intake._tick() == 1 and intake.held() == 0
     assert [(j.rel, j.size) for j in submitted] == [("upload.jpg", len(data))]
 
 

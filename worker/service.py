@@ -196,7 +196,8 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
     with open_pipeline(cfg, "watch", inbox, cfg.inputs.watch, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
-        status = StatusLog(cfg.watch.status_log_s, pipeline.counts, pipeline.depth)
+        status = StatusLog(cfg.watch.status_log_s, pipeline.counts, pipeline.depth,
+                           held=lambda: intake.held() if intake is not None else 0)
         watched: WatchedInbox | None = None
 
         def check() -> None:  # every pass of the intake loop, and while it waits for room in the pipeline

@@ -24,8 +24,10 @@ class StatusLog:
     """Call `tick()` often (the intake loop does, every pass); it logs once per `period_s`."""
 
     def __init__(self, period_s: float, counts: Counts, in_flight: Callable[[], int],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, held: Callable[[], int] = lambda: 0) -> None:
+        """`held`: how many files the intake holds because they look cut short (`Intake.held`)."""
         self._period, self._counts, self._in_flight, self._clock = period_s, counts, in_flight, clock
+        self._held = held
         self._since = clock()
         self._last = self._snapshot()
 
@@ -46,8 +48,9 @@ class StatusLog:
         new_latencies = snap[3] - self._last[3]
         window = f"the last {span_text(seconds)}"
         rss = f"RSS {psutil.Process().memory_info().rss / 2**20:.0f} MB"
-        in_flight = self._in_flight()
-        waiting = f"{in_flight} in flight"
+        in_flight, held = self._in_flight(), self._held()
+        # a held file sits in the inbox with nothing in flight: say why, or "idle" would mislead
+        waiting = f"{in_flight} in flight" + (f", {held} held as cut short (watch.incomplete_s)" if held else "")
         if not (done or failed or skipped):
             if in_flight:  # a stall: the lines before this one in the log say why
                 return f"status: nothing finished in {window}; {waiting}; {rss}"

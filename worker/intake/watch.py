@@ -149,6 +149,11 @@ class Intake:
             if self._inflight.get(job.rel) == (job.size, job.mtime_ns):
                 del self._inflight[job.rel]
 
+    def held(self) -> int:
+        """Files waiting because they look cut short (see `_held`), for the status line."""
+        with self._lock:
+            return sum(p.held for p in self._pending.values())
+
     def rescan(self) -> None:
         for path in walk(self.root, self.extensions, self.skip):
             self.notify(path, ready=False)
