@@ -458,6 +458,19 @@ def test_an_upload_resumed_after_its_first_part_was_closed_gives_one_result(cfg,
     assert not (cfg.archive / "failed").exists()
 
 
+def test_a_file_held_at_shutdown_stays_in_the_inbox_and_the_log_says_so(cfg, samples: Path, caplog) -> None:
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, incomplete_s=600.0))
+    cfg.inbox.mkdir(parents=True)
+    cut = (samples / "rocket.jpg").read_bytes()[:20000]
+    with caplog.at_level(logging.INFO, logger="worker"):
+        with Watching(cfg) as w:
+            assert w.ready.wait(120) and w.error is None
+            (cfg.inbox / "stalled.jpg").write_bytes(cut)
+            assert wait_for(lambda: any("stalled.jpg looks cut short" in r.getMessage() for r in caplog.records))
+    assert w.finished == [] and (cfg.inbox / "stalled.jpg").read_bytes() == cut
+    assert "1 file(s) held as cut short stay in the inbox for the next start" in [r.getMessage() for r in caplog.records]
+
+
 def test_a_file_archived_while_a_rescan_looks_at_it_is_not_submitted_again(tmp_path: Path, monkeypatch) -> None:
     """The race: a rescan sees a file in flight; between its lstat and its in-flight check the pipeline
     finishes the job, moves the file to the archive and forgets it. A second job for the vanished file

@@ -219,6 +219,8 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
         finally:
             if watched is not None:
                 watched.stop()
+        if held := intake.held():
+            log.info("%d file(s) held as cut short stay in the inbox for the next start", held)
         pipeline.finish_or_abandon(stop)
         summary = _summary(cfg, pipeline, "watch", time.perf_counter() - t0)
     return summary
