@@ -31,7 +31,7 @@ Image.MAX_IMAGE_PIXELS = None  # we apply our own, configurable limit below
 cv2.setNumThreads(1)  # decode threads are ours; OpenCV's own pool would oversubscribe the cores
 
 
-_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
 _HUFFMAN_SOF = frozenset((0xC0, 0xC1, 0xC2))  # baseline, extended, progressive (not lossless, not arithmetic)
 
@@ -92,7 +92,7 @@ def header_size(data: bytes, name: str) -> tuple[int, int] | None:
     costs more than the rest of the checks together); other formats, and anything odd, go to Pillow."""
     if data[:2] == b"\xff\xd8" and (jpeg := _jpeg_header(data)) is not None:
         return jpeg.width, jpeg.height
-    if data[:8] == _PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
+    if data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR" and len(data) >= 24:
         w, h = struct.unpack_from(">II", data, 16)
         if w and h:
             return w, h
@@ -122,7 +122,7 @@ def decode(data: bytes, name: str, max_pixels: int) -> np.ndarray:
                 return simplejpeg.decode_jpeg(data, colorspace="BGR", fastdct=False, fastupsample=False)
             except ValueError:  # anything libjpeg merely warns about: OpenCV's tolerance decides, below
                 pass
-    elif data[:8] == _PNG_SIGNATURE:
+    elif data[:8] == PNG_SIGNATURE:
         data = _without_colour_profile(data)
     buf = np.frombuffer(data, dtype=np.uint8)
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR)  # applies EXIF orientation, 16->8 bit, gray->3 channels

@@ -18,7 +18,7 @@ import os
 import struct
 from pathlib import Path
 
-from worker.images import jpeg_complete
+from worker.images import PNG_SIGNATURE, jpeg_complete
 
 # enough of the tail for a JPEG's end marker behind a small trailer, and a PNG's or GIF's last chunk
 TAIL_BYTES = 64 * 1024
@@ -64,7 +64,7 @@ def judge(head: bytes, tail: bytes, size: int) -> str | None:
             eoi = tail.rfind(b"\xff\xd9")
             complete = eoi != -1 and tail.find(b"\xff\xda", eoi) == -1
         return None if complete else "no JPEG end-of-image marker after the last scan"
-    if head[:8] == b"\x89PNG\r\n\x1a\n":
+    if head[:8] == PNG_SIGNATURE:
         iend = tail.rfind(b"\x00\x00\x00\x00IEND")  # length 0 and type; its 4-byte CRC must follow
         return None if iend != -1 and len(tail) - iend >= 12 else "no PNG end chunk"
     if head[:6] in (b"GIF87a", b"GIF89a"):
