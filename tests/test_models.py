@@ -31,6 +31,22 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
         load_card(p)
 
 
+@pytest.mark.parametrize("pre, message", [
+    ("{color: gray, mean: [123.675, 116.28, 103.53]}",
+     "'preprocess.mean' must have one value for color: gray \\(the model sees one channel\\), got \\[123.675"),
+    ("{color: rgb, std: [58.4]}", "'preprocess.std' must have 3 values, one per rgb channel, got \\[58.4\\]"),
+])
+def test_mean_and_std_have_one_value_per_channel(tmp_path: Path, pre: str, message: str) -> None:
+    p = tmp_path / "m" / "model.yaml"
+    p.parent.mkdir()
+    p.write_text(f"name: m\ntask: segment\nonnx: m.onnx\npreprocess: {pre}\n")
+    with pytest.raises(ConfigError, match=f"{p}: {message}"):
+        load_card(p)
+    for ok in ("{color: gray}", "{color: gray, mean: [127.5], std: [127.5]}"):  # the defaults are three alike
+        p.write_text(f"name: m\ntask: segment\nonnx: m.onnx\npreprocess: {ok}\n")
+        assert load_card(p).preprocess.channels == 1
+
+
 def test_own_onnx_card(tmp_path: Path, ppocr_onnx: Path) -> None:
     import shutil
 

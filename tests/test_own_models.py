@@ -227,3 +227,71 @@ def test_a_channels_last_model_under_a_channels_first_card_is_refused_with_the_f
     with pytest.raises(ModelError, match=r"has 32 channels where the card's layout nchw puts them, not 3 "
                                          r"\(it looks NHWC: set input.layout: nhwc in the card\)"):
         run_folder(dataclasses.replace(cfg, model="tf"), images)
+
+
+def _gray_model(path: Path, layout: str) -> None:
+    """A one-channel segmenter, (N, 1, 32, 48) or (N, 32, 48, 1) -> logits (N, 1, 32, 48) = 8 x - 4: a
+    pixel is in the mask where its normalised gray level x is above one half."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = ["N", 1, 32, 48] if layout == "nchw" else ["N", 32, 48, 1]
+    nodes = [helper.make_node("Transpose", ["input"], ["x"], perm=[0, 3, 1, 2])] if layout == "nhwc" else []
+    nodes.append(helper.make_node("Conv", ["x" if nodes else "input", "w", "b"], ["logits"], kernel_shape=[1, 1]))
+    graph = helper.make_graph(nodes, "gray", [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1, 32, 48])],
+                              initializer=[numpy_helper.from_array(np.full((1, 1, 1, 1), 8.0, np.float32), "w"),
+                                           numpy_helper.from_array(np.array([-4.0], np.float32), "b")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    import onnx
+
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def _gray_card(models: Path, layout: str, pre: str = "{color: gray, resize: stretch, mean: [0], std: [255]}") -> None:
+    folder = models / "xray"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.yaml").write_text(
+        f"name: xray\nonnx: xray.onnx\ntask: segment\ninput: {{name: input, size: [32, 48], layout: {layout}}}\n"
+        f"preprocess: {pre}\npostprocess: {{output: logits, activation: sigmoid}}\nlabels: [bright]\n")
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_a_one_channel_model_gets_the_gray_levels(own, layout: str) -> None:
+    cfg, models, images = own
+    _gray_card(models, layout)
+    _gray_model(models / "xray" / "xray.onnx", layout)
+    # luma 0.299 R + 0.587 G + 0.114 B: pure red 76, green 150, blue 29 of 255; only green is above half
+    _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])
+    scan = np.full((60, 90), 50, np.uint8)
+    scan[:, :45] = 200
+    cv2.imwrite(str(images / "scan.png"), scan)  # a one-channel file, as X-ray and line cameras write
+    assert run_folder(dataclasses.replace(cfg, model="xray"), images).figures["done"] == 2
+    bands = cv2.imread(str(cfg.outbox / "bands.png.mask.png"), cv2.IMREAD_GRAYSCALE)
+    assert (bands[:, 32:58] == 255).all() and (bands[:, :28] == 0).all() and (bands[:, 62:] == 0).all()
+    green = json.loads((cfg.outbox / "bands.png.json").read_text())["score"]
+    assert green == pytest.approx(1 / (1 + np.exp(-(8 * 150 / 255 - 4))), abs=0.01)
+    mask = cv2.imread(str(cfg.outbox / "scan.png.mask.png"), cv2.IMREAD_GRAYSCALE)
+    assert (mask[:, :43] == 255).all() and (mask[:, 47:] == 0).all()
+    doc = json.loads((cfg.outbox / "scan.png.json").read_text())
+    assert doc["score"] == pytest.approx(1 / (1 + np.exp(-(8 * 200 / 255 - 4))), abs=0.01)
+
+
+@pytest.mark.parametrize("pre, model_channels, message", [
+    ("{color: rgb}", 1, r"has 1 channels where the card's layout nchw puts them, not 3 "
+                        r"\(a one-channel model: set preprocess.color: gray in the card\)"),
+    ("{color: gray}", 3, r"has 3 channels where the card's layout nchw puts them, not 1 "
+                         r"\(a colour model: set preprocess.color: rgb or bgr in the card\)"),
+])
+def test_a_card_whose_colour_contradicts_the_models_channels_is_refused_with_the_fix(
+        own, pre: str, model_channels: int, message: str) -> None:
+    cfg, models, images = own
+    _gray_card(models, "nchw", pre)
+    if model_channels == 1:
+        _gray_model(models / "xray" / "xray.onnx", "nchw")
+    else:
+        _channels_model(models / "xray" / "xray.onnx", 1)
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=message):
+        run_folder(dataclasses.replace(cfg, model="xray"), images)

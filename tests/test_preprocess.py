@@ -29,3 +29,23 @@ def test_normalisation_is_per_channel_in_card_order(resize: str, color: str) -> 
         want = (resized.astype(np.float32) - np.float32([10, 120, 250])) / np.float32([2, 64, 128])
         np.testing.assert_allclose(x, want.transpose(2, 0, 1), rtol=1e-6, atol=1e-6)
         assert (geo.scale_x, geo.scale_y) == (32 / 71, 32 / 45)
+
+
+@pytest.mark.parametrize("resize", ["stretch", "shorter-crop", "letterbox"])
+def test_gray_gives_one_channel_of_opencvs_luma(resize: str) -> None:
+    """color: gray -> (1, h, w): the luma of the resized image, normalised by the card's one mean and std."""
+    spec = Preprocess(color="gray", resize=resize, resize_shorter=40, mean=(100.0,), std=(50.0,))  # type: ignore[arg-type]
+    image = np.random.default_rng(2).integers(0, 256, (45, 71, 3), dtype=np.uint8)
+    x, _ = prepare(image, spec, (32, 32))
+    assert x.shape == (1, 32, 32) and x.dtype == np.float32 and x.flags.c_contiguous
+    bgr, _ = prepare(image, Preprocess(color="bgr", resize=resize, resize_shorter=40,  # type: ignore[arg-type]
+                                       mean=(0.0,) * 3, std=(1.0,) * 3), (32, 32))
+    luma = 0.114 * bgr[0] + 0.587 * bgr[1] + 0.299 * bgr[2]  # BT.601, in OpenCV's BGR order
+    np.testing.assert_allclose(x[0] * 50 + 100, luma, atol=0.51)  # OpenCV rounds to whole pixels
+
+
+def test_gray_keeps_the_pixels_of_a_grayscale_image() -> None:
+    """A grayscale file decodes to three equal channels; the model gets its pixels back unchanged."""
+    gray = np.random.default_rng(3).integers(0, 256, (32, 32), dtype=np.uint8)
+    x, _ = prepare(cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR), Preprocess(color="gray"), (32, 32))
+    np.testing.assert_array_equal(np.rint(x[0] * 255), gray)  # float32 division: round it back

@@ -296,7 +296,7 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             "stages) does not bound C there; A best, B and C/B are the figures that count")
 
     # A: bare session.run on ready tensors
-    x1 = np.random.default_rng(0).standard_normal((8, 3, h, w)).astype(np.float32)
+    x1 = np.random.default_rng(0).standard_normal((8, card.preprocess.channels, h, w)).astype(np.float32)
     bare: dict[tuple[int, int], float] = {}
     for threads in sorted({1, cores}):
         s = _session(onnx, threads, providers)
@@ -450,7 +450,10 @@ def plain_preprocess(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, in
     resized, geo = resize_for(image, spec, size_hw)
     if spec.color == "rgb":
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
-    x = (resized.astype(np.float32) - np.array(spec.mean, np.float32)) / np.array(spec.std, np.float32)
+    elif spec.color == "gray":
+        resized = cv2.cvtColor(resized, cv2.COLOR_BGR2GRAY)[:, :, None]
+    n = spec.channels
+    x = (resized.astype(np.float32) - np.array(spec.mean[:n], np.float32)) / np.array(spec.std[:n], np.float32)
     return np.ascontiguousarray(x.transpose(2, 0, 1)), geo
 
 

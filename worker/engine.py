@@ -120,19 +120,25 @@ class Engine:
     def on_gpu(self) -> bool:
         return "CUDAExecutionProvider" in self.providers
 
-    def check_input(self, size_hw: tuple[int, int], name: str) -> None:
-        """Fail at start, not on the first image, when the card's input size or layout contradicts the model."""
+    def check_input(self, size_hw: tuple[int, int], name: str, channels: int = 3) -> None:
+        """Fail at start, not on the first image, when the card's input size, layout or colour (its
+        `channels`: 1 for gray, else 3) contradicts the model."""
         shape = self.input_shape
         if len(shape) != 4:
             raise ModelError(f"model '{name}': input '{self.input_name}' has rank {len(shape)}, expected "
                              f"{self.layout.upper()}")
-        channels, h, w = (shape[1], shape[2], shape[3]) if self.layout == "nchw" else (shape[3], shape[1], shape[2])
-        if isinstance(channels, int) and channels != 3:
+        have, h, w = (shape[1], shape[2], shape[3]) if self.layout == "nchw" else (shape[3], shape[1], shape[2])
+        if isinstance(have, int) and have != channels:
             other = "nhwc" if self.layout == "nchw" else "nchw"
-            hint = (f" (it looks {other.upper()}: set input.layout: {other} in the card)"
-                    if shape[3 if other == "nhwc" else 1] == 3 else "")
-            raise ModelError(f"model '{name}': input '{self.input_name}' {list(shape)} has {channels} channels "
-                             f"where the card's layout {self.layout} puts them, not 3{hint}")
+            if shape[3 if other == "nhwc" else 1] == channels:
+                hint = f" (it looks {other.upper()}: set input.layout: {other} in the card)"
+            elif have in (1, 3):
+                hint = (" (a one-channel model: set preprocess.color: gray in the card)" if have == 1 else
+                        " (a colour model: set preprocess.color: rgb or bgr in the card)")
+            else:
+                hint = ""
+            raise ModelError(f"model '{name}': input '{self.input_name}' {list(shape)} has {have} channels "
+                             f"where the card's layout {self.layout} puts them, not {channels}{hint}")
         for dim, want, what in ((h, size_hw[0], "height"), (w, size_hw[1], "width")):
             if isinstance(dim, int) and dim != want:
                 raise ModelError(f"model '{name}': card says input {what} {want}, the ONNX file says {dim}")
@@ -143,7 +149,7 @@ class Engine:
         return first if isinstance(first, int) else None
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """(N, 3, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16)."""
+        """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16)."""
         if self.layout == "nhwc":
             batch = np.ascontiguousarray(batch.transpose(0, 2, 3, 1))
         if self._input_type is np.uint8:  # raw pixels: the card's mean 0 and std 1 leave them 0-255
@@ -153,6 +159,6 @@ class Engine:
         out = self.session.run([self.output_name], {self.input_name: batch})[0]
         return out.astype(np.float32) if out.dtype == np.float16 else out
 
-    def warm_up(self, batch_size: int, size_hw: tuple[int, int]) -> None:
+    def warm_up(self, batch_size: int, size_hw: tuple[int, int], channels: int = 3) -> None:
         """One run at the largest batch before intake starts, so the first image sees no cold start."""
-        self.run(np.zeros((batch_size, 3, *size_hw), dtype=np.float32))
+        self.run(np.zeros((batch_size, channels, *size_hw), dtype=np.float32))

@@ -168,6 +168,7 @@ class Pipeline:
         self._closing = threading.Event()  # stopping: nothing waits for room in the outbox any more
         size = (card.input.size[0], card.input.size[1])
         self._size_hw = size
+        self._channels = card.preprocess.channels
         self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
         gpu = GpuMemory(engine.device_id) if engine.on_gpu else None  # before any thread starts
         # each decode thread (and on CUDA each inference thread) warms itself up before intake starts
@@ -225,7 +226,7 @@ class Pipeline:
             self.adapter.preprocess(decode(jpeg, "warm-up", self.settings.max_pixels))
 
     def _warm_up_infer(self) -> None:
-        self.engine.warm_up(self.settings.max_batch, self._size_hw)
+        self.engine.warm_up(self.settings.max_batch, self._size_hw, self._channels)
 
     # -- the public surface ------------------------------------------------------------------
     def submit(self, job: Job, stop: threading.Event | None = None,
@@ -438,7 +439,7 @@ class Pipeline:
     # -- stage 2: micro-batch and run the one shared session --------------------------------
     def _infer_loop(self) -> None:
         s = self.settings
-        buf = np.empty((s.max_batch, 3, *self._size_hw), dtype=np.float32)  # reused every batch
+        buf = np.empty((s.max_batch, self._channels, *self._size_hw), dtype=np.float32)  # reused every batch
         batcher: Batcher[_Item] = Batcher(self._prepared, s.max_batch, s.max_delay_ms / 1000, _STOP)
         stopping = False
         while not stopping:

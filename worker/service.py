@@ -94,10 +94,10 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                     card.postprocess.output, card.input.layout)
     auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
     size_hw = (card.input.size[0], card.input.size[1])
-    engine.check_input(size_hw, card.name)
+    engine.check_input(size_hw, card.name, card.preprocess.channels)
     wanted = p.max_batch or default_max_batch(engine.on_gpu)
     max_batch = wanted if card.input.dynamic_batch else (engine.static_batch or 1)
-    engine.warm_up(max_batch, size_hw)
+    engine.warm_up(max_batch, size_hw, card.preprocess.channels)
     adapter = adapter_for(card)
     warm_up_stages(adapter, engine, p.max_pixels)
     settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,

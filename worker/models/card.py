@@ -55,14 +55,20 @@ class InputSpec:
 
 @dataclass(frozen=True)
 class Preprocess:
-    color: Literal["rgb", "bgr"] = "rgb"
+    # gray: one channel, the luma OpenCV computes (0.299 R + 0.587 G + 0.114 B), for (N, 1, H, W) models
+    color: Literal["rgb", "bgr", "gray"] = "rgb"
     # stretch: resize to exactly size; shorter-crop: resize shorter side to `resize_shorter`, centre crop;
     # letterbox: keep aspect, pad with pad_value
     resize: Literal["stretch", "shorter-crop", "letterbox"] = "stretch"
     resize_shorter: int = 256
     pad_value: int = 114
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # in 0-255 pixel units, channel order as `color`
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # in 0-255 pixel units, channel order as `color` (gray: one value)
     std: tuple[float, ...] = (255.0, 255.0, 255.0)
+
+    @property
+    def channels(self) -> int:
+        """How many channels the network input has: 1 for gray, else 3."""
+        return 1 if self.color == "gray" else 3
 
 
 @dataclass(frozen=True)
@@ -183,8 +189,14 @@ def load_card(path: Path) -> ModelCard:
     if len(card.input.size) != 2:
         raise ConfigError(f"{path}: 'input.size' must be [height, width], got {list(card.input.size)}")
     for key in ("mean", "std"):
-        if len(getattr(card.preprocess, key)) != 3:
-            raise ConfigError(f"{path}: 'preprocess.{key}' must have 3 values")
+        values = getattr(card.preprocess, key)
+        if card.preprocess.color == "gray":
+            if len(set(values)) != 1:  # one value; three alike (the defaults) mean the same
+                raise ConfigError(f"{path}: 'preprocess.{key}' must have one value for color: gray (the model "
+                                  f"sees one channel), got {list(values)}")
+        elif len(values) != 3:
+            raise ConfigError(f"{path}: 'preprocess.{key}' must have 3 values, one per {card.preprocess.color} "
+                              f"channel, got {list(values)}")
     if card.preprocess.resize == "letterbox" and card.task != "detect":
         raise ConfigError(f"{path}: 'preprocess.resize: letterbox' is only supported for detect models")
     if card.task == "segment" and card.preprocess.resize != "stretch":
