@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from worker.errors import DecodeError, ImageTooLarge
-from worker.images import decode
+from worker.images import decode, decode_reduced
 
 
 def _png(arr: np.ndarray, mode: str | None = None) -> bytes:
@@ -195,3 +195,74 @@ def test_sample_photographs_decode_exactly_as_opencv_does(samples) -> None:
         big = cv2.resize(img, (width, round(img.shape[0] * width / img.shape[1])), interpolation=cv2.INTER_CUBIC)
         data = cv2.imencode(".jpg", big, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
         assert np.array_equal(decode(data, "b.jpg", 10**8), cv2.imdecode(np.frombuffer(data, np.uint8), 1))
+
+
+def test_depth_16_keeps_a_16_bit_files_pixels_and_widens_the_rest() -> None:
+    """`preprocess.depth: 16`: 16-bit PNGs and TIFFs as they are (BGR, uint16); 8-bit files, whatever
+    their format, widened so that 255 is 65535; the same errors, naming the file."""
+    levels = (np.arange(12, dtype=np.uint16).reshape(3, 4) * 5000 + 7)  # 12-bit and beyond, odd values
+    bgr = np.dstack([levels, levels // 2, levels // 3]).astype(np.uint16)
+    for ext, arr in ((".png", levels), (".png", bgr), (".tiff", levels), (".tiff", bgr)):
+        ok, enc = cv2.imencode(ext, arr)
+        out = decode(enc.tobytes(), f"deep{ext}", 10**6, depth=16)
+        want = arr if arr.ndim == 3 else np.dstack([arr] * 3)
+        assert out.dtype == np.uint16 and out.shape == (3, 4, 3)
+        np.testing.assert_array_equal(out, want)
+        assert decode(enc.tobytes(), f"deep{ext}", 10**6).dtype == np.uint8  # depth 8: as before
+
+    rng = np.random.default_rng(4)
+    photo = rng.integers(0, 256, (16, 24, 3), dtype=np.uint8)
+    gif = io.BytesIO()
+    Image.fromarray(photo[:, :, ::-1]).convert("P").save(gif, format="GIF")
+    for name, data in (("a.png", _png(photo)), ("a.jpg", cv2.imencode(".jpg", photo)[1].tobytes()),
+                       ("a.gif", gif.getvalue())):
+        eight = decode(data, name, 10**6)
+        out = decode(data, name, 10**6, depth=16)
+        assert out.dtype == np.uint16 and out.shape == eight.shape
+        np.testing.assert_array_equal(out, eight.astype(np.uint16) * 257)
+
+    with pytest.raises(DecodeError, match="e.png: empty file"):
+        decode(b"", "e.png", 10**6, depth=16)
+    with pytest.raises(DecodeError, match="t.png: not an image"):
+        decode(b"hello, I am text", "t.png", 10**6, depth=16)
+    whole = cv2.imencode(".png", np.zeros((50, 50), np.uint16) + 999)[1].tobytes()
+    with pytest.raises(DecodeError, match="half.png"):
+        decode(whole[: len(whole) // 2], "half.png", 10**6, depth=16)
+    with pytest.raises(ImageTooLarge, match="50x50 pixels is over the limit of 2000"):
+        decode(whole, "big.png", 2000, depth=16)
+
+
+def _photo_jpeg(h: int, w: int, orientation: int = 1) -> bytes:
+    """A smooth h x w photo-like JPEG (a gradient with some blobs), with an EXIF orientation."""
+    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
+    img = np.dstack([xx / w * 255, yy / h * 255, 128 + 100 * np.sin(xx / 50) * np.cos(yy / 70)]).astype(np.uint8)
+    exif = Image.Exif()
+    exif[0x0112] = orientation
+    buf = io.BytesIO()
+    Image.fromarray(img).save(buf, format="JPEG", quality=92, exif=exif)
+    return buf.getvalue()
+
+
+def test_reduced_decode_takes_the_smallest_scale_that_keeps_what_the_resize_needs() -> None:
+    """pipeline.jpeg_reduce: 1/2, 1/4 or 1/8 of a JPEG when that still has `needed` pixels; the original
+    upright size comes back with it, so results can be mapped to it; otherwise the full decode."""
+    jpeg = _photo_jpeg(1280, 1920)
+    img, orig = decode_reduced(jpeg, "big.jpg", 10**8, lambda hw: (256, 384))
+    assert orig == (1280, 1920) and img.shape == (320, 480, 3)  # 1/4: 1/8 would be 160 rows, under 256
+    full = decode(jpeg, "big.jpg", 10**8)
+    shrunk = cv2.resize(full, (480, 320), interpolation=cv2.INTER_AREA)
+    assert np.abs(img.astype(int) - shrunk).mean() < 2  # the same picture, smaller
+    deep, _ = decode_reduced(jpeg, "big.jpg", 10**8, lambda hw: (256, 384), depth=16)
+    np.testing.assert_array_equal(deep, img.astype(np.uint16) * 257)
+
+    img, orig = decode_reduced(jpeg, "big.jpg", 10**8, lambda hw: (700, 1000))  # 1/2 would be too small
+    assert orig == (1280, 1920) and img.shape == (1280, 1920, 3)
+    rotated, orig = decode_reduced(_photo_jpeg(1280, 1920, orientation=6), "r.jpg", 10**8, lambda hw: (384, 256))
+    assert orig == (1920, 1280) and rotated.shape == (480, 320, 3)  # upright, as displayed
+    png = _png(np.zeros((1280, 1920, 3), np.uint8))
+    img, orig = decode_reduced(png, "big.png", 10**8, lambda hw: (256, 384))  # only JPEGs are reduced
+    assert orig == (1280, 1920) and img.shape == (1280, 1920, 3)
+    with pytest.raises(ImageTooLarge, match="big.jpg: 1920x1280 pixels is over the limit"):
+        decode_reduced(jpeg, "big.jpg", 10**6, lambda hw: (256, 384))
+    with pytest.raises(DecodeError, match="cut.jpg: truncated JPEG"):
+        decode_reduced(jpeg[: len(jpeg) // 2], "cut.jpg", 10**8, lambda hw: (256, 384))

@@ -47,6 +47,19 @@ def test_mean_and_std_have_one_value_per_channel(tmp_path: Path, pre: str, messa
         assert load_card(p).preprocess.channels == 1
 
 
+@pytest.mark.parametrize("pre, message", [
+    ("{depth: 12}", "'preprocess.depth' must be one of 8, 16, got 12"),
+    ("{pad_value: 300}", "'preprocess.pad_value' must be a pixel value, 0-255 at depth 8, got 300"),
+    ("{depth: 16, pad_value: 70000}", "'preprocess.pad_value' must be a pixel value, 0-65535 at depth 16, got 70000"),
+])
+def test_depth_and_pad_value_are_checked(tmp_path: Path, pre: str, message: str) -> None:
+    p = tmp_path / "m" / "model.yaml"
+    p.parent.mkdir()
+    p.write_text(f"name: m\ntask: detect\nonnx: m.onnx\npreprocess: {pre}\n")
+    with pytest.raises(ConfigError, match=f"{p}: {message}"):
+        load_card(p)
+
+
 def test_own_onnx_card(tmp_path: Path, ppocr_onnx: Path) -> None:
     import shutil
 

@@ -295,3 +295,29 @@ def test_a_card_whose_colour_contradicts_the_models_channels_is_refused_with_the
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=message):
         run_folder(dataclasses.replace(cfg, model="xray"), images)
+
+
+def test_a_16_bit_card_gets_a_12_bit_scans_levels_unrounded(own) -> None:
+    """depth 16: a 16-bit PNG or TIFF reaches the model with all its bits (at depth 8 a 12-bit scan would
+    keep 16 levels of its 4,096), an 8-bit file widened (x 257); overlays are drawn at 8 bits."""
+    cfg, models, images = own
+    _gray_card(models, "nchw", "{color: gray, depth: 16, resize: stretch, mean: [0], std: [4095]}")
+    _gray_model(models / "xray" / "xray.onnx", "nchw")
+    scan = np.full((60, 90), 1000, np.uint16)
+    scan[:, :45] = 3000  # 12-bit levels: x = level / 4095, in the mask where x > 0.5
+    cv2.imwrite(str(images / "scan.png"), scan)
+    cv2.imwrite(str(images / "scan.tiff"), scan)
+    small = np.full((60, 90), 5, np.uint8)
+    small[:, :45] = 10  # widened: 2570 and 1285 of 4095
+    cv2.imwrite(str(images / "eight.png"), small)
+    cfg = dataclasses.replace(cfg, model="xray", outputs=dataclasses.replace(cfg.outputs, overlays=True))
+    assert run_folder(cfg, images).figures["done"] == 3
+    for name, level in (("scan.png", 3000), ("scan.tiff", 3000), ("eight.png", 2570)):
+        mask = cv2.imread(str(cfg.outbox / f"{name}.mask.png"), cv2.IMREAD_GRAYSCALE)
+        assert (mask[:, :43] == 255).all() and (mask[:, 47:] == 0).all(), name
+        score = json.loads((cfg.outbox / f"{name}.json").read_text())["score"]
+        # read at 8 bits, 3000 would be 11 of 255: sigmoid(8 * 11 * 257 / 4095 - 4) = 0.82, not 0.87
+        assert score == pytest.approx(1 / (1 + np.exp(-(8 * level / 4095 - 4))), abs=0.01), name
+    drawn = cv2.imread(str(cfg.outbox / "scan.png.overlay.jpg"))
+    assert drawn.shape == (60, 90, 3) and drawn.dtype == np.uint8
+    assert abs(int(drawn[30, 80, 1]) - 1000 // 256) <= 2  # outside the mask: the scan's top 8 bits

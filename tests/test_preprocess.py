@@ -49,3 +49,21 @@ def test_gray_keeps_the_pixels_of_a_grayscale_image() -> None:
     gray = np.random.default_rng(3).integers(0, 256, (32, 32), dtype=np.uint8)
     x, _ = prepare(cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR), Preprocess(color="gray"), (32, 32))
     np.testing.assert_array_equal(np.rint(x[0] * 255), gray)  # float32 division: round it back
+
+
+@pytest.mark.parametrize("resize", ["stretch", "shorter-crop", "letterbox"])
+def test_a_16_bit_image_is_normalised_in_16_bit_units(resize: str) -> None:
+    """depth 16: the card's mean, std and pad_value are in 0-65535 units; the tensor is the uint8 one's
+    for an image widened from 8 bits (x * 257) with every value in the card widened alike."""
+    image = np.random.default_rng(5).integers(0, 256, (45, 71, 3), dtype=np.uint8)
+    spec8 = Preprocess(color="rgb", resize=resize, resize_shorter=40, pad_value=114,  # type: ignore[arg-type]
+                       mean=(10.0, 120.0, 250.0), std=(2.0, 64.0, 128.0))
+    spec16 = Preprocess(color="rgb", resize=resize, resize_shorter=40, pad_value=114 * 257,  # type: ignore[arg-type]
+                        mean=(2570.0, 30840.0, 64250.0), std=(514.0, 16448.0, 32896.0), depth=16)
+    x8, geo8 = prepare(image, spec8, (32, 32))
+    x16, geo16 = prepare(image.astype(np.uint16) * 257, spec16, (32, 32))
+    assert x16.shape == (3, 32, 32) and x16.dtype == np.float32 and geo16 == geo8
+    std8 = np.float32([2, 64, 128])[:, None, None]  # in 8-bit pixels: the 8-bit resize is fixed-point, to +-1
+    np.testing.assert_allclose(x16 * std8, x8 * std8, atol=1.0)
+    if resize == "letterbox":  # the padding is pad_value in 16-bit units, the 8-bit card's 114
+        np.testing.assert_allclose(x16[:, 0, 0], x8[:, 0, 0], atol=1e-5)

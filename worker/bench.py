@@ -47,7 +47,7 @@ from sqlalchemy import select
 
 from worker.config import Config
 from worker.engine import wanted_providers
-from worker.images import decode
+from worker.images import decode, widen
 from worker.models.card import Preprocess, find_card
 from worker.models.pull import pull, with_labels
 from worker.samples import fetch_samples
@@ -318,19 +318,21 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         folder = work / f"{model}-{width}"
         files = make_corpus(samples, width, count, folder)
         datas = [p.read_bytes() for p in files[:20]]
-        imgs = [decode(d, "x", cfg.pipeline.max_pixels) for d in datas]
+        imgs = [decode(d, "x", cfg.pipeline.max_pixels, card.preprocess.depth) for d in datas]
         pre = [adapter.preprocess(im) for im in imgs]
         outs = [session.run([out_name] if out_name else None, {iname: x[None]})[0][0] for x, _ in pre[:5]]
         tensors = [x[None] for x, _ in pre]
         size_hw = (card.input.size[0], card.input.size[1])
 
         def plain(image: np.ndarray) -> tuple[np.ndarray, Geometry]:
+            if card.preprocess.depth == 16 and image.dtype == np.uint8:  # the corpus is JPEGs: 8-bit
+                image = widen(image)
             return plain_preprocess(image, card.preprocess, size_hw)
 
         def machine() -> tuple[float, float, float, float, float, float]:
             """(A 1 thread, A parallel, t_decode, t_preprocess, t_postprocess, B's t_preprocess) now; the
             stage costs on one thread."""
-            t_dec = _per_item(lambda d: decode(d, "x", cfg.pipeline.max_pixels), datas)
+            t_dec = _per_item(lambda d: decode(d, "x", cfg.pipeline.max_pixels, card.preprocess.depth), datas)
             t_pre = _per_item(adapter.preprocess, imgs)
             t_post = _per_item(lambda og: adapter.postprocess(og[0], og[1][1]), list(zip(outs * 4, pre)))
             t_plain = _per_item(plain, imgs)

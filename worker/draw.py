@@ -16,8 +16,8 @@ _COLORS = np.array([(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 25
 
 
 def overlay(image: np.ndarray, result: Result) -> np.ndarray:
-    """A BGR copy of `image` with the result drawn on it."""
-    out = image.copy()
+    """A uint8 BGR copy of `image` (uint8, or uint16 at depth 16) with the result drawn on it."""
+    out = (image >> 8).astype(np.uint8) if image.dtype == np.uint16 else image.copy()
     if isinstance(result, Mask):
         tint = np.zeros_like(out)
         tint[result.mask] = (0, 0, 255)

@@ -1,8 +1,9 @@
-"""Decode image bytes into a uint8 BGR array (H, W, 3), the way OpenCV's imread does.
+"""Decode image bytes into a uint8 BGR array (H, W, 3), the way OpenCV's imread does (uint16 for a
+card with `preprocess.depth: 16`).
 
 One place knows the quirks: EXIF orientation (applied, so results are in upright coordinates),
-16-bit (scaled to 8-bit), grayscale (replicated to 3 channels), RGBA (alpha dropped without
-compositing, as the reference runtimes do), palette, CMYK. The pixel limit is checked from the
+16-bit (scaled to 8-bit, unless depth 16), grayscale (replicated to 3 channels), RGBA (alpha
+dropped without compositing, as the reference runtimes do), palette, CMYK. The pixel limit is checked from the
 header, before the pixels are decoded, so a decompression bomb costs nothing.
 
 Plain JPEGs (Huffman-coded, 8-bit, gray or YCbCr, no EXIF rotation: nearly every photo) go to
@@ -107,8 +108,37 @@ def header_size(data: bytes, name: str) -> tuple[int, int] | None:
         raise DecodeError(name, f"unreadable image header ({type(e).__name__}: {e})") from None
 
 
-def decode(data: bytes, name: str, max_pixels: int) -> np.ndarray:
-    """Decode to uint8 BGR (H, W, 3). Raises DecodeError or ImageTooLarge with the file name."""
+def decode(data: bytes, name: str, max_pixels: int, depth: int = 8) -> np.ndarray:
+    """Decode to BGR (H, W, 3), uint8; with `depth` 16, uint16: a 16-bit file's own pixels, any other
+    widened (255 -> 65535). Raises DecodeError or ImageTooLarge with the file name."""
+    if depth == 16 and data[:2] != b"\xff\xd8":  # JPEGs are 8-bit: the usual decode, widened
+        deep = cv2.imdecode(np.frombuffer(_plain(data, name, max_pixels), dtype=np.uint8),
+                            cv2.IMREAD_COLOR | cv2.IMREAD_ANYDEPTH)
+        if deep is not None and deep.ndim == 3 and deep.shape[2] == 3 and deep.shape[0] and deep.shape[1]:
+            if deep.dtype == np.uint16:
+                return deep
+            if deep.dtype == np.uint8:
+                return widen(deep)
+        # neither (a float TIFF, a format only Pillow reads): the usual decode, widened
+    img = _decode8(data, name, max_pixels)
+    return widen(img) if depth == 16 else img
+
+
+def widen(img: np.ndarray) -> np.ndarray:
+    """uint8 -> uint16 over the same range (x * 257: 0 -> 0, 255 -> 65535)."""
+    return img.astype(np.uint16) * np.uint16(257)
+
+
+def _plain(data: bytes, name: str, max_pixels: int) -> bytes:
+    """A non-JPEG file's bytes once its pixel count is checked (PNGs without their colour profile)."""
+    if not data:
+        raise DecodeError(name, "empty file")
+    if (size := header_size(data, name)) is not None:
+        _check_pixels(size[0], size[1], name, max_pixels)
+    return _without_colour_profile(data) if data[:8] == PNG_SIGNATURE else data
+
+
+def _decode8(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     if not data:
         raise DecodeError(name, "empty file")
     jpeg = _jpeg_header(data) if data[:2] == b"\xff\xd8" else None
@@ -149,8 +179,8 @@ def upright_size(data: bytes, name: str) -> tuple[int, int] | None:
     return (w, h) if rotated else (h, w)
 
 
-def decode_reduced(data: bytes, name: str, max_pixels: int,
-                   needed: Callable[[tuple[int, int]], tuple[int, int]]) -> tuple[np.ndarray, tuple[int, int]]:
+def decode_reduced(data: bytes, name: str, max_pixels: int, needed: Callable[[tuple[int, int]], tuple[int, int]],
+                   depth: int = 8) -> tuple[np.ndarray, tuple[int, int]]:
     """Like decode, but a large JPEG is decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling,
     several times cheaper) when the result still has at least `needed(orig_hw)` pixels.
     Returns (image, original upright (height, width)). Opt-in: results change slightly."""
@@ -162,8 +192,8 @@ def decode_reduced(data: bytes, name: str, max_pixels: int,
             _check_jpeg_complete(data, name)
             img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _REDUCED[k])
             if img is not None:
-                return img, orig
-    img = decode(data, name, max_pixels)
+                return (widen(img) if depth == 16 else img), orig
+    img = decode(data, name, max_pixels, depth)
     return img, (img.shape[0], img.shape[1])
 
 

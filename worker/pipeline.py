@@ -169,6 +169,7 @@ class Pipeline:
         size = (card.input.size[0], card.input.size[1])
         self._size_hw = size
         self._channels = card.preprocess.channels
+        self._depth = card.preprocess.depth
         self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
         gpu = GpuMemory(engine.device_id) if engine.on_gpu else None  # before any thread starts
         # each decode thread (and on CUDA each inference thread) warms itself up before intake starts
@@ -223,7 +224,7 @@ class Pipeline:
     def _warm_up_prepare(self) -> None:
         self._ledger.connect()
         if (jpeg := self._warm_jpeg) is not None:  # None: intake has started without waiting any longer
-            self.adapter.preprocess(decode(jpeg, "warm-up", self.settings.max_pixels))
+            self.adapter.preprocess(decode(jpeg, "warm-up", self.settings.max_pixels, self._depth))
 
     def _warm_up_infer(self) -> None:
         self.engine.warm_up(self.settings.max_batch, self._size_hw, self._channels)
@@ -422,9 +423,9 @@ class Pipeline:
         t0 = time.perf_counter()
         item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
         if self.settings.jpeg_reduce and not self.settings.keep_image:
-            image, orig_hw = decode_reduced(data, job.key, self.settings.max_pixels, self._needed)
+            image, orig_hw = decode_reduced(data, job.key, self.settings.max_pixels, self._needed, self._depth)
         else:
-            image = decode(data, job.key, self.settings.max_pixels)
+            image = decode(data, job.key, self.settings.max_pixels, self._depth)
             orig_hw = (image.shape[0], image.shape[1])
         t1 = time.perf_counter()
         item.tensor, item.geometry = self.adapter.preprocess(image)
@@ -744,13 +745,13 @@ def synthetic_jpeg(max_pixels: int) -> bytes:
     return cv2.imencode(".jpg", image)[1].tobytes()
 
 
-def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int) -> None:
+def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int, depth: int = 8) -> None:
     """Decode, preprocess, infer and postprocess one synthetic photo-sized JPEG before intake starts.
 
     The first calls into OpenCV's codecs and resizers and into numpy's kernels cost tens of
     milliseconds (more on big images); without this the first real image would pay them."""
     try:
-        x, geometry = adapter.preprocess(decode(synthetic_jpeg(max_pixels), "warm-up", max_pixels))
+        x, geometry = adapter.preprocess(decode(synthetic_jpeg(max_pixels), "warm-up", max_pixels, depth))
         output = engine.run(x[None])[0]
     except Exception as e:  # only a warm-up: real images will say what is wrong, one by one
         log.warning("warm-up of the image stages failed: %s", e)

@@ -99,7 +99,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     max_batch = wanted if card.input.dynamic_batch else (engine.static_batch or 1)
     engine.warm_up(max_batch, size_hw, card.preprocess.channels)
     adapter = adapter_for(card)
-    warm_up_stages(adapter, engine, p.max_pixels)
+    warm_up_stages(adapter, engine, p.max_pixels, card.preprocess.depth)
     settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
                         max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),

@@ -62,8 +62,11 @@ class Preprocess:
     resize: Literal["stretch", "shorter-crop", "letterbox"] = "stretch"
     resize_shorter: int = 256
     pad_value: int = 114
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # in 0-255 pixel units, channel order as `color` (gray: one value)
-    std: tuple[float, ...] = (255.0, 255.0, 255.0)
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # in pixel units (0-255, or 0-65535 at depth 16), channel order
+    std: tuple[float, ...] = (255.0, 255.0, 255.0)  # as `color` (gray: one value)
+    # 16: 16-bit files keep their 16 bits (others are widened, 255 -> 65535), and mean, std and pad_value
+    # are in 0-65535 units; 8: every file is read at 8 bits (16-bit ones divided by 256)
+    depth: Literal[8, 16] = 8
 
     @property
     def channels(self) -> int:
@@ -197,6 +200,10 @@ def load_card(path: Path) -> ModelCard:
         elif len(values) != 3:
             raise ConfigError(f"{path}: 'preprocess.{key}' must have 3 values, one per {card.preprocess.color} "
                               f"channel, got {list(values)}")
+    top = 255 if card.preprocess.depth == 8 else 65535
+    if not 0 <= card.preprocess.pad_value <= top:
+        raise ConfigError(f"{path}: 'preprocess.pad_value' must be a pixel value, 0-{top} at depth "
+                          f"{card.preprocess.depth}, got {card.preprocess.pad_value}")
     if card.preprocess.resize == "letterbox" and card.task != "detect":
         raise ConfigError(f"{path}: 'preprocess.resize: letterbox' is only supported for detect models")
     if card.task == "segment" and card.preprocess.resize != "stretch":
