@@ -321,3 +321,58 @@ def test_a_16_bit_card_gets_a_12_bit_scans_levels_unrounded(own) -> None:
     drawn = cv2.imread(str(cfg.outbox / "scan.png.overlay.jpg"))
     assert drawn.shape == (60, 90, 3) and drawn.dtype == np.uint8
     assert abs(int(drawn[30, 80, 1]) - 1000 // 256) <= 2  # outside the mask: the scan's top 8 bits
+
+
+def _end2end_detector(path: Path) -> None:
+    """(N, 3, 32, 48) -> (N, 3, 6) rows of x1, y1, x2, y2, score, class in input pixels: a fixed box of
+    class 1 whose score is the image's mean level (0-1), one of class 5 at 0.6, and a padding row."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows = np.array([[[8, 4, 24, 20, 0.0, 1], [30, 10, 46, 30, 0.6, 5], [0, 0, 0, 0, 0, 0]]], np.float32)
+    gate = np.zeros((1, 3, 6), np.float32)
+    gate[0, 0, 4] = 1.0  # the first row's score follows the image
+    nodes = [helper.make_node("ReduceMean", ["input"], ["level"], axes=[1, 2, 3], keepdims=1),  # (N, 1, 1, 1)
+             helper.make_node("Squeeze", ["level", "axis"], ["level2"]),  # (N, 1, 1)
+             helper.make_node("Mul", ["level2", "gate"], ["scored"]),
+             helper.make_node("Add", ["scored", "rows"], ["output0"])]
+    inits = [numpy_helper.from_array(rows, "rows"), numpy_helper.from_array(gate, "gate"),
+             numpy_helper.from_array(np.array([3], np.int64), "axis")]
+    image = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 48])
+    graph = helper.make_graph(nodes, "e2e", [image],
+                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 3, 6])],
+                              initializer=inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    import onnx
+
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def test_an_end_to_end_detector_gives_its_own_boxes_in_the_originals_coordinates(own) -> None:
+    cfg, models, images = own
+    folder = models / "e2e"
+    folder.mkdir(parents=True)
+    (folder / "model.yaml").write_text(
+        "name: e2e\nonnx: e2e.onnx\ntask: detect\ninput: {name: input, size: [32, 48]}\n"
+        "preprocess: {color: rgb, resize: letterbox, pad_value: 114, mean: [0, 0, 0], std: [255, 255, 255]}\n"
+        "postprocess: {output: output0, layout: end2end, threshold: 0.5}\nlabels: [person, cup, car]\n")
+    _end2end_detector(folder / "e2e.onnx")
+    cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: scale 1/2
+    cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))
+    assert run_folder(dataclasses.replace(cfg, model="e2e"), images).figures["done"] == 2
+    white = json.loads((cfg.outbox / "white.png.json").read_text())["boxes"]
+    # class 5 is past the card's three labels (an end-to-end output does not say how many there are)
+    assert [(b["name"], b["xyxy"]) for b in white] == [("cup", [16, 8, 48, 40]), ("5", [60, 20, 92, 60])]
+    assert white[0]["score"] == pytest.approx(1.0, abs=1e-3) and white[1]["score"] == pytest.approx(0.6, abs=1e-6)
+    dark = json.loads((cfg.outbox / "dark.png.json").read_text())["boxes"]
+    assert [b["name"] for b in dark] == ["5"]  # its cup scored 20/255, under the threshold
+    db = open_db(cfg.db)
+    try:
+        assert [r["rel_path"] for r in query_images(db, Filters(label="cup"))] == ["white.png"]
+        exported = coco(db, Filters(model="e2e"), ("person", "cup", "car"), "detect", cfg.outbox)
+    finally:
+        db.dispose()
+    assert exported["categories"] == [{"id": 0, "name": "person"}, {"id": 1, "name": "cup"}, {"id": 2, "name": "car"},
+                                      {"id": 5, "name": "5"}]  # every category an annotation refers to
+    assert sorted(a["category_id"] for a in exported["annotations"]) == [1, 5, 5]

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import CACHE, REFERENCE, ROOT, run_on
+from worker.errors import ModelError
 from worker.models.card import find_card
 from worker.tasks.detect import Detector, classwise_nms, decode_rows
 from worker.tasks.preprocess import Geometry
@@ -48,8 +49,6 @@ def _card():
 
 
 def test_yolov8_layout_decoding_on_constructed_output() -> None:
-    import dataclasses
-
     card = _card()
     card = dataclasses.replace(card, postprocess=dataclasses.replace(card.postprocess, layout="yolov8"),
                                labels=("a", "b", "c"))
@@ -82,8 +81,6 @@ def test_classwise_nms_keeps_other_classes() -> None:
 
 
 def test_max_detections_keeps_the_best_boxes() -> None:
-    import dataclasses
-
     card = _card()
     # 8 anchors, 8 classes, one box each at a different place: nothing suppressed, scores 0.3 .. 0.93
     scores = np.linspace(0.3, 0.93, 8, dtype=np.float32)
@@ -124,3 +121,23 @@ def test_reduced_jpeg_decoding_maps_boxes_back_to_the_original(tmp_path: Path, s
     assert boxes[False] and [b["name"] for b in boxes[True]] == [b["name"] for b in boxes[False]]
     for full, reduced in zip(boxes[False], boxes[True]):
         assert iou(full["xyxy"], reduced["xyxy"]) >= 0.9 and abs(full["score"] - reduced["score"]) < 0.1
+
+
+def test_end2end_layout_takes_the_models_own_boxes_without_a_second_nms() -> None:
+    card = _card()
+    card = dataclasses.replace(card, postprocess=dataclasses.replace(card.postprocess, layout="end2end"),
+                               labels=("a", "b", "c"))
+    rows = np.array([  # x1, y1, x2, y2, score, class, as YOLOv10 / YOLO26 / nms=True exports give them
+        [80, 100, 120, 120, 0.80, 1],
+        [82, 101, 122, 121, 0.90, 1],  # overlaps the first (IoU ~0.85): the model kept both, so do we
+        [10, 110, 30, 130, 0.70, 2],
+        [0, 0, 0, 0, 0.0, 0],  # padding
+    ], dtype=np.float32)
+    geo = Geometry(orig_hw=(208, 416), scale_x=1.0, scale_y=1.0, left=0, top=104)
+    det = Detector(card).postprocess(rows, geo)
+    assert det.names == ("b", "b", "c")
+    np.testing.assert_allclose(det.scores, [0.9, 0.8, 0.7], rtol=1e-6)  # best first
+    np.testing.assert_allclose(det.xyxy[0], [82, 0, 122, 17], atol=1e-4)  # mapped back by -104, clipped
+    with pytest.raises(ModelError, match=r"layout end2end needs one image's output as \[K, 6\].* is \[300, 85\]"):
+        Detector(card).check_output(np.zeros((300, 85), np.float32))
+    Detector(card).check_output(rows)

@@ -69,7 +69,8 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
             if i in shapes:
                 ann["segmentation"] = shapes[i]
             annotations.append(ann)
-    names = dict(enumerate(categories)) if categories else seen
+    # every category an annotation refers to: an end-to-end detector's class past the labels too (named by number)
+    names = {**seen, **dict(enumerate(categories))}
     if multi_class:
         names.pop(0, None)
     what = "detections" if task == "detect" else "segmentation regions"

@@ -3,8 +3,8 @@ card with `preprocess.depth: 16`).
 
 One place knows the quirks: EXIF orientation (applied, so results are in upright coordinates),
 16-bit (scaled to 8-bit, unless depth 16), grayscale (replicated to 3 channels), RGBA (alpha
-dropped without compositing, as the reference runtimes do), palette, CMYK. The pixel limit is checked from the
-header, before the pixels are decoded, so a decompression bomb costs nothing.
+dropped without compositing, as the reference runtimes do), palette, CMYK. The pixel limit is
+checked from the header, before the pixels are decoded, so a decompression bomb costs nothing.
 
 Plain JPEGs (Huffman-coded, 8-bit, gray or YCbCr, no EXIF rotation: nearly every photo) go to
 simplejpeg, the same libjpeg-turbo decode with the same settings as OpenCV's, with less overhead

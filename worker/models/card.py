@@ -80,7 +80,9 @@ class Postprocess:
     threshold: float = 0.5  # segment: mask threshold; detect: min score; classify: below => uncertain
     top_k: int = 5
     iou: float = 0.45
-    layout: Literal["yolov5", "yolov8"] = "yolov5"
+    # detect: yolov5 [A, 5+C], yolov8 [4+C, A], or end2end [K, 6] (x1, y1, x2, y2, score, class: boxes
+    # the model has already suppressed, as YOLOv10, YOLO26 and `yolo export nms=True` give them)
+    layout: Literal["yolov5", "yolov8", "end2end"] = "yolov5"
     max_detections: int = 300  # detect: the best this many boxes after NMS (Ultralytics' max_det)
     # what turns the output into probabilities: classify applies softmax unless told otherwise (`none`
     # for a model that ends in Softmax); segment takes the output as probabilities unless told

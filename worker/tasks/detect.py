@@ -1,5 +1,6 @@
 """Detection: decode YOLOv5-layout ([A, 5+C]: cx, cy, w, h, objectness, class probabilities) or
-YOLOv8-layout ([4+C, A], no objectness) rows, class-wise NMS, boxes mapped back to the original image."""
+YOLOv8-layout ([4+C, A], no objectness) rows and suppress them class by class, or take an end-to-end
+model's own boxes ([K, 6]: x1, y1, x2, y2, score, class); then map the boxes back to the original image."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 def decode_rows(output: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> (xyxy (A, 4) in input pixels, class ids (A,), scores (A,)), one best class per row."""
+    if layout == "end2end":  # the model's own boxes, best class and score
+        return (output[:, :4].astype(np.float32), np.rint(output[:, 5]).astype(np.int64),
+                output[:, 4].astype(np.float32))
     if layout == "yolov8":
         rows = output.T  # [4+C, A] -> [A, 4+C]
         boxes, cls = rows[:, :4], rows[:, 4:]
@@ -59,6 +63,12 @@ def classwise_nms(xyxy: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, i
 class Detector(CardPreprocessing):
     def check_output(self, output: np.ndarray) -> None:
         layout = self.card.postprocess.layout
+        if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
+            if output.ndim != 2 or output.shape[1] != 6:
+                raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as [K, 6] "
+                                 f"(x1, y1, x2, y2, score, class); output '{self.card.postprocess.output}' is "
+                                 f"{list(output.shape)}")
+            return
         per_row = 4 if layout == "yolov8" else 5  # box (+ objectness) before the class scores
         axis = 0 if layout == "yolov8" else 1
         if output.ndim != 2 or output.shape[axis] <= per_row:
@@ -72,7 +82,10 @@ class Detector(CardPreprocessing):
         xyxy, class_ids, scores = decode_rows(output, p.layout)
         sel = scores >= p.threshold
         xyxy, class_ids, scores = xyxy[sel], class_ids[sel], scores[sel]
-        keep = classwise_nms(xyxy, class_ids, scores, p.iou)[:p.max_detections]  # best first
+        if p.layout == "end2end":  # suppressed by the model: a second NMS could drop boxes it chose to keep
+            keep = np.argsort(-scores, kind="stable")[:p.max_detections]
+        else:
+            keep = classwise_nms(xyxy, class_ids, scores, p.iou)[:p.max_detections]  # best first
         xyxy, class_ids, scores = xyxy[keep], class_ids[keep], scores[keep]
         h, w = geometry.orig_hw
         xyxy = xyxy.copy()

@@ -57,8 +57,8 @@ def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tu
 
 
 def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
-    """(H, W, 3) -> (h, w, 3) of the same dtype as the card's `resize` says (stretch, shorter side and centre
-    crop, or letterbox), and the geometry that maps it back."""
+    """(H, W, 3) -> (h, w, 3) of the same dtype, as the card's `resize` says (stretch, shorter side and
+    centre crop, or letterbox), and the geometry that maps it back."""
     h, w = image.shape[:2]
     th, tw = size_hw
     if spec.resize == "stretch":
