@@ -160,3 +160,13 @@ def test_max_detections_must_be_positive(tmp_path: Path) -> None:
     (tmp_path / "model.yaml").write_text("name: d\ntask: detect\nonnx: d.onnx\npostprocess: {max_detections: 0}\n")
     with pytest.raises(ConfigError, match="max_detections' must be at least 1, got 0"):
         load_card(tmp_path / "model.yaml")
+
+
+def test_output_layout_is_for_segmenters_only(tmp_path: Path) -> None:
+    p = tmp_path / "m" / "model.yaml"
+    p.parent.mkdir()
+    p.write_text("name: m\ntask: classify\nonnx: m.onnx\npostprocess: {output_layout: nhwc}\n")
+    with pytest.raises(ConfigError, match=f"{p}: 'postprocess.output_layout' applies to segment models only"):
+        load_card(p)
+    p.write_text("name: m\ntask: segment\nonnx: m.onnx\npostprocess: {output_layout: nhwc}\n")
+    assert load_card(p).postprocess.output_layout == "nhwc"

@@ -376,3 +376,70 @@ def test_an_end_to_end_detector_gives_its_own_boxes_in_the_originals_coordinates
     assert exported["categories"] == [{"id": 0, "name": "person"}, {"id": 1, "name": "cup"}, {"id": 2, "name": "car"},
                                       {"id": 5, "name": "5"}]  # every category an annotation refers to
     assert sorted(a["category_id"] for a in exported["annotations"]) == [1, 5, 5]
+
+
+def _keras_segmenter(path: Path, maps: int) -> None:
+    """A Keras-style export, channels last in and out: (N, 32, 48, 3) -> (N, 32, 48, maps), map k a copy
+    of colour channel k (maps 3), or one map of logits, green minus red (maps 1)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.eye(3, dtype=np.float32).reshape(3, 3, 1, 1) if maps == 3 else \
+        np.array([[-8.0, 8.0, 0.0]], np.float32).reshape(1, 3, 1, 1)
+    nodes = [helper.make_node("Transpose", ["input"], ["nchw"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["nchw", "w"], ["conv"], kernel_shape=[1, 1]),
+             helper.make_node("Transpose", ["conv"], ["maps"], perm=[0, 2, 3, 1])]
+    image = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 32, 48, 3])
+    graph = helper.make_graph(nodes, "keras", [image],
+                              [helper.make_tensor_value_info("maps", TensorProto.FLOAT, ["N", 32, 48, maps])],
+                              initializer=[numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    import onnx
+
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+def _keras_card(models: Path, post: str, labels: str) -> None:
+    folder = models / "keras"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.yaml").write_text(
+        "name: keras\nonnx: keras.onnx\ntask: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
+        f"preprocess: {{color: rgb, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}}\n"
+        f"postprocess: {post}\nlabels: {labels}\n")
+
+
+@pytest.mark.parametrize("maps", [1, 3])
+def test_a_channels_last_segmenter_gets_its_maps_read_channels_last(own, maps: int) -> None:
+    cfg, models, images = own
+    post = "{output: maps, output_layout: nhwc, activation: sigmoid}" if maps == 1 else \
+        "{output: maps, output_layout: nhwc}"
+    _keras_card(models, post, "[leaf]" if maps == 1 else "[background, leaf, sky]")
+    _keras_segmenter(models / "keras" / "keras.onnx", maps)
+    _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])  # red, green, blue
+    assert run_folder(dataclasses.replace(cfg, model="keras"), images).figures["done"] == 1
+    mask = cv2.imread(str(cfg.outbox / "bands.png.mask.png"), cv2.IMREAD_UNCHANGED)
+    assert mask.shape == (60, 90)
+    if maps == 1:  # green minus red: the middle band
+        assert (mask[:, 32:58] == 255).all() and (mask[:, :28] == 0).all() and (mask[:, 62:] == 0).all()
+    else:  # each band its colour's class
+        assert (mask[:, :28] == 0).all() and (mask[:, 32:58] == 1).all() and (mask[:, 62:] == 2).all()
+
+
+@pytest.mark.parametrize("maps, post, looks", [
+    (1, "{output: maps, activation: sigmoid}", "NHWC"), (3, "{output: maps}", "NHWC"),
+    (None, "{output: logits, output_layout: nhwc}", "NCHW"),
+])
+def test_a_segmenter_whose_output_layout_is_the_other_one_is_refused_with_the_fix(
+        own, maps: int | None, post: str, looks: str) -> None:
+    cfg, models, images = own
+    _keras_card(models, post, "[leaf]" if maps == 1 else "[background, leaf, sky]")
+    if maps is None:  # channels first, (N, 3, 32, 48), under a card that says nhwc
+        (models / "keras" / "model.yaml").write_text(
+            (models / "keras" / "model.yaml").read_text().replace(", layout: nhwc", ""))
+        _channels_model(models / "keras" / "keras.onnx", 3)
+    else:
+        _keras_segmenter(models / "keras" / "keras.onnx", maps)
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=rf"which looks {looks}: set postprocess.output_layout: {looks.lower()}"):
+        run_folder(dataclasses.replace(cfg, model="keras"), images)

@@ -83,6 +83,9 @@ class Postprocess:
     # detect: yolov5 [A, 5+C], yolov8 [4+C, A], or end2end [K, 6] (x1, y1, x2, y2, score, class: boxes
     # the model has already suppressed, as YOLOv10, YOLO26 and `yolo export nms=True` give them)
     layout: Literal["yolov5", "yolov8", "end2end"] = "yolov5"
+    # segment: where the output's class axis is: nchw (N, C, h, w), or nhwc (N, h, w, C), as a Keras or
+    # TensorFlow segmenter gives its maps (a one-map one: (N, h, w, 1))
+    output_layout: Literal["nchw", "nhwc"] = "nchw"
     max_detections: int = 300  # detect: the best this many boxes after NMS (Ultralytics' max_det)
     # what turns the output into probabilities: classify applies softmax unless told otherwise (`none`
     # for a model that ends in Softmax); segment takes the output as probabilities unless told
@@ -214,6 +217,8 @@ def load_card(path: Path) -> ModelCard:
     if card.postprocess.max_detections < 1:
         raise ConfigError(f"{path}: 'postprocess.max_detections' must be at least 1, "
                           f"got {card.postprocess.max_detections}")
+    if card.task != "segment" and card.postprocess.output_layout != "nchw":
+        raise ConfigError(f"{path}: 'postprocess.output_layout' applies to segment models only")
     if card.task == "detect" and card.postprocess.activation is not None:
         raise ConfigError(f"{path}: 'postprocess.activation' applies to classify and segment models only")
     return card

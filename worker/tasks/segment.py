@@ -50,8 +50,23 @@ def _argmax(planes: Iterator[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Segmenter(CardPreprocessing):
+    def _maps(self, output: np.ndarray) -> np.ndarray:
+        """One image's output with its class axis first, as the card's `output_layout` says where it is."""
+        if self.card.postprocess.output_layout == "nhwc" and output.ndim == 3:  # (h, w, C) -> (C, h, w)
+            return np.ascontiguousarray(np.moveaxis(output, -1, 0))  # OpenCV reads the planes: contiguous
+        return output
+
     def check_output(self, output: np.ndarray) -> None:
         name, activation = self.card.postprocess.output, self.card.postprocess.activation
+        if output.ndim == 3:  # the class axis is the shortest: one read the other way round would be h classes
+            layout = self.card.postprocess.output_layout
+            first, last = output.shape[0] < min(output.shape[1:]), output.shape[2] < min(output.shape[:2])
+            if (layout == "nchw" and last) or (layout == "nhwc" and first):
+                looks = "nhwc" if last else "nchw"
+                raise ModelError(f"model '{self.card.name}': output '{name}' is (N, "
+                                 f"{', '.join(map(str, output.shape))}), which looks {looks.upper()}: set "
+                                 f"postprocess.output_layout: {looks} in the card")
+        output = self._maps(output)
         if _multi_class(output):
             if output.shape[0] > MAX_CLASSES:
                 raise ModelError(f"model '{self.card.name}': output '{name}' has {output.shape[0]} class maps; "
@@ -67,7 +82,9 @@ class Segmenter(CardPreprocessing):
                              f"'{name}' has one map (use sigmoid for one map of logits)")
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Mask | ClassMask:
-        """output: (1, h, w) or (h, w) for one image (one map), or (C, h, w) (one map per class)."""
+        """output: (1, h, w) or (h, w) for one image (one map), or (C, h, w) (one map per class); with
+        `output_layout: nhwc`, (h, w, 1) or (h, w, C)."""
+        output = self._maps(output)
         if _multi_class(output):
             return self._classes(output, geometry)
         prob = output.reshape(output.shape[-2:]).astype(np.float32, copy=False)
