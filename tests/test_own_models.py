@@ -443,3 +443,15 @@ def test_a_segmenter_whose_output_layout_is_the_other_one_is_refused_with_the_fi
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=rf"which looks {looks}: set postprocess.output_layout: {looks.lower()}"):
         run_folder(dataclasses.replace(cfg, model="keras"), images)
+
+
+@pytest.mark.parametrize("shape, looks", [
+    ((150, 64, 32), "nchw"), ((64, 32, 150), "nhwc"),  # 150 classes at a quarter of 256x128
+    ((1, 64, 32), "nchw"), ((64, 32, 1), "nhwc"), ((63, 33, 2), "nhwc"),  # strided sizes, rounded
+    ((64, 32), None), ((5, 5, 5), None),  # one plain map; no axis pair with the input's shape
+])
+def test_the_output_layout_is_told_by_the_axes_that_have_the_inputs_aspect(tmp_path: Path, shape, looks) -> None:
+    from worker.tasks import adapter_for
+
+    (tmp_path / "model.yaml").write_text("name: x\nonnx: x.onnx\ntask: segment\ninput: {size: [256, 128]}\n")
+    assert adapter_for(load_card(tmp_path / "model.yaml"))._looks(np.zeros(shape, np.float32)) == looks

@@ -56,16 +56,25 @@ class Segmenter(CardPreprocessing):
             return np.ascontiguousarray(np.moveaxis(output, -1, 0))  # OpenCV reads the planes: contiguous
         return output
 
+    def _looks(self, output: np.ndarray) -> str | None:
+        """Which layout one image's (a, b, c) output has, by which pair of axes has the input's aspect
+        ratio: (b, c) channels first, (a, b) channels last; None when both or neither do."""
+        if output.ndim != 3:
+            return None
+        h, w = self.size
+
+        def fits(rows: int, cols: int) -> bool:  # within 10%: strided maps round their sizes
+            return rows > 0 and cols > 0 and abs(np.log((rows / cols) / (h / w))) < 0.1
+
+        first, last = fits(output.shape[1], output.shape[2]), fits(output.shape[0], output.shape[1])
+        return None if first == last else "nchw" if first else "nhwc"
+
     def check_output(self, output: np.ndarray) -> None:
         name, activation = self.card.postprocess.output, self.card.postprocess.activation
-        if output.ndim == 3:  # the class axis is the shortest: one read the other way round would be h classes
-            layout = self.card.postprocess.output_layout
-            first, last = output.shape[0] < min(output.shape[1:]), output.shape[2] < min(output.shape[:2])
-            if (layout == "nchw" and last) or (layout == "nhwc" and first):
-                looks = "nhwc" if last else "nchw"
-                raise ModelError(f"model '{self.card.name}': output '{name}' is (N, "
-                                 f"{', '.join(map(str, output.shape))}), which looks {looks.upper()}: set "
-                                 f"postprocess.output_layout: {looks} in the card")
+        looks = self._looks(output)  # read the other way round, a (256, 256, 1) output would be 256 classes
+        if looks is not None and looks != self.card.postprocess.output_layout:
+            raise ModelError(f"model '{self.card.name}': output '{name}' is (N, {', '.join(map(str, output.shape))})"
+                             f", which looks {looks.upper()}: set postprocess.output_layout: {looks} in the card")
         output = self._maps(output)
         if _multi_class(output):
             if output.shape[0] > MAX_CLASSES:
