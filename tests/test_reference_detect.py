@@ -65,6 +65,16 @@ def test_yolov8_layout_decoding_on_constructed_output() -> None:
     assert det.names == ("b", "c")
     np.testing.assert_allclose(det.scores, [0.9, 0.7], rtol=1e-6)
     np.testing.assert_allclose(det.xyxy[0], [80, 0, 120, 6], atol=1e-4)  # y mapped back by -104, clipped at 0
+    # transposed, [A, 4+C], as some tools give it: the card's 3 labels tell the orientation (4 anchors)
+    turned = Detector(card).postprocess(rows.copy(), geo)
+    assert turned.names == det.names and np.array_equal(turned.xyxy, det.xyxy)
+    Detector(card).check_output(rows.copy())
+    # without labels, the anchors are the longer axis: 8,400 of them against 4 + 80
+    unnamed = dataclasses.replace(card, labels=())
+    many = np.zeros((8400, 84), np.float32)
+    many[7, :4], many[7, 4 + 17] = (200, 100, 40, 20), 0.9
+    (cls,) = Detector(unnamed).postprocess(many, geo).class_ids
+    assert cls == 17 and Detector(unnamed).postprocess(many.T.copy(), geo).class_ids.tolist() == [17]
 
 
 def test_yolov5_layout_uses_objectness() -> None:

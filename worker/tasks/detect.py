@@ -12,13 +12,14 @@ from worker.tasks import check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
-def decode_rows(output: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """-> (xyxy (A, 4) in input pixels, class ids (A,), scores (A,)), one best class per row."""
+def decode_rows(output: np.ndarray, layout: str, classes: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """-> (xyxy (A, 4) in input pixels, class ids (A,), scores (A,)), one best class per row.
+    `classes`: how many the card names (0: none), which tells a yolov8 output's orientation."""
     if layout == "end2end":  # the model's own boxes, best class and score
         return (output[:, :4].astype(np.float32), np.rint(output[:, 5]).astype(np.int64),
                 output[:, 4].astype(np.float32))
     if layout == "yolov8":
-        rows = output.T  # [4+C, A] -> [A, 4+C]
+        rows = output.T if _anchors_last(output, classes) else output
         boxes, cls = rows[:, :4], rows[:, 4:]
         class_ids = cls.argmax(axis=1)
         scores = cls[np.arange(len(cls)), class_ids]
@@ -30,6 +31,15 @@ def decode_rows(output: np.ndarray, layout: str) -> tuple[np.ndarray, np.ndarray
     cx, cy, w, h = boxes.T
     xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
     return xyxy.astype(np.float32), class_ids.astype(np.int64), scores.astype(np.float32)
+
+
+def _anchors_last(output: np.ndarray, classes: int) -> bool:
+    """Whether a yolov8 output is [4+C, A], as Ultralytics exports it, rather than [A, 4+C], as some
+    tools transpose it: the axis of 4 + the card's labels is the rows, or else the anchors are the
+    longer axis (8,400 at 640 px, 2,100 at 320, against 4 + C)."""
+    if classes and (output.shape[0] == 4 + classes) != (output.shape[1] == 4 + classes):
+        return output.shape[0] == 4 + classes
+    return output.shape[0] <= output.shape[1]
 
 
 def nms(xyxy: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
@@ -70,16 +80,16 @@ class Detector(CardPreprocessing):
                                  f"{list(output.shape)}")
             return
         per_row = 4 if layout == "yolov8" else 5  # box (+ objectness) before the class scores
-        axis = 0 if layout == "yolov8" else 1
+        axis = 0 if layout == "yolov8" and output.ndim == 2 and _anchors_last(output, len(self.card.labels)) else 1
         if output.ndim != 2 or output.shape[axis] <= per_row:
-            want = "[4+C, A]" if layout == "yolov8" else "[A, 5+C]"
+            want = "[4+C, A] (or [A, 4+C])" if layout == "yolov8" else "[A, 5+C]"
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}; "
                              f"output '{self.card.postprocess.output}' is {list(output.shape)}")
         check_labels(self.card, output.shape[axis] - per_row, output)
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
         p = self.card.postprocess
-        xyxy, class_ids, scores = decode_rows(output, p.layout)
+        xyxy, class_ids, scores = decode_rows(output, p.layout, len(self.card.labels))
         sel = scores >= p.threshold
         xyxy, class_ids, scores = xyxy[sel], class_ids[sel], scores[sel]
         if p.layout == "end2end":  # suppressed by the model: a second NMS could drop boxes it chose to keep
