@@ -455,3 +455,25 @@ def test_the_output_layout_is_told_by_the_axes_that_have_the_inputs_aspect(tmp_p
 
     (tmp_path / "model.yaml").write_text("name: x\nonnx: x.onnx\ntask: segment\ninput: {size: [256, 128]}\n")
     assert adapter_for(load_card(tmp_path / "model.yaml"))._looks(np.zeros(shape, np.float32)) == looks
+
+
+def test_a_model_with_a_second_input_is_refused_at_start_naming_both(own) -> None:
+    """RT-DETR-style models also take the image sizes: onnxruntime would refuse each run for it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    cfg, models, images = own
+    nodes = [helper.make_node("ReduceMean", ["input"], ["m"], axes=[2, 3], keepdims=0),
+             helper.make_node("Mul", ["m", "sizes"], ["out"])]
+    feeds = [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 48]),
+             helper.make_tensor_value_info("sizes", TensorProto.FLOAT, ["N", 3])]
+    graph = helper.make_graph(nodes, "two", feeds,
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    _card(models, "two", "task: classify\nlabels: [a, b, c]")
+    onnx.save(model, str(models / "two" / "two.onnx"))
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=r"two.onnx: the model has 2 inputs \('input' \['N', 3, 32, 48\], 'sizes' "
+                                         r"\['N', 3\]\); the worker feeds one"):
+        run_folder(dataclasses.replace(cfg, model="two"), images)

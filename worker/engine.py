@@ -109,6 +109,10 @@ class Engine:
             raise ModelError(f"{onnx_path}: no input named '{self.input_name}' (has {[i.name for i in inputs]})")
         if self.output_name not in {o.name for o in outputs}:
             raise ModelError(f"{onnx_path}: no output named '{self.output_name}' (has {[o.name for o in outputs]})")
+        if len(inputs) > 1:  # onnxruntime would refuse every run for the inputs left out
+            listed = ", ".join(f"'{i.name}' {list(i.shape)}" for i in inputs)
+            raise ModelError(f"{onnx_path}: the model has {len(inputs)} inputs ({listed}); the worker feeds one, "
+                             f"the image tensor (models that also take sizes or prompts are not supported)")
         model_input = next(i for i in inputs if i.name == self.input_name)
         self.input_shape, self.layout = model_input.shape, layout
         if model_input.type not in _INPUT_TYPES:
