@@ -477,3 +477,61 @@ def test_a_model_with_a_second_input_is_refused_at_start_naming_both(own) -> Non
     with pytest.raises(ModelError, match=r"two.onnx: the model has 2 inputs \('input' \['N', 3, 32, 48\], 'sizes' "
                                          r"\['N', 3\]\); the worker feeds one"):
         run_folder(dataclasses.replace(cfg, model="two"), images)
+
+
+def _argmax_segmenter(path: Path, keepdims: int) -> None:
+    """The 1x1 channel copy, then ArgMax over the channels: int64 class indices, (N, 1, 32, 48) or
+    (N, 32, 48), as an export that ends in ArgMax gives them."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.eye(3, dtype=np.float32).reshape(3, 3, 1, 1), "w")
+    nodes = [helper.make_node("Conv", ["input", "w"], ["maps"], kernel_shape=[1, 1]),
+             helper.make_node("ArgMax", ["maps"], ["classes"], axis=1, keepdims=keepdims)]
+    shape = ["N", 1, 32, 48] if keepdims else ["N", 32, 48]
+    graph = helper.make_graph(nodes, "argmax", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
+                                                                              ["N", 3, 32, 48])],
+                              [helper.make_tensor_value_info("classes", TensorProto.INT64, shape)], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_a_segmenter_that_ends_in_argmax_gives_its_class_indices(own, keepdims: int) -> None:
+    cfg, models, images = own
+    _card(models, "idx", "task: segment\npostprocess: {output: classes}\nlabels: [background, leaf, sky]")
+    _argmax_segmenter(models / "idx" / "idx.onnx", keepdims)
+    _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])  # red, green, blue: 0, 1, 2
+    assert run_folder(dataclasses.replace(cfg, model="idx"), images).figures["done"] == 1
+    classes = cv2.imread(str(cfg.outbox / "bands.png.mask.png"), cv2.IMREAD_UNCHANGED)
+    assert classes.shape == (60, 90) and set(np.unique(classes)) == {0, 1, 2}
+    assert (classes[:, :29] == 0).all() and (classes[:, 31:59] == 1).all() and (classes[:, 61:] == 2).all()
+    doc = json.loads((cfg.outbox / "bands.png.json").read_text())
+    assert [(c["name"], c["score"]) for c in doc["classes"]] == [("background", 1.0), ("leaf", 1.0), ("sky", 1.0)]
+    assert doc["mask_fraction"] == pytest.approx(2 / 3, abs=0.03)
+
+
+def test_an_activation_on_class_indices_is_refused(own) -> None:
+    cfg, models, images = own
+    _card(models, "idx", "task: segment\npostprocess: {output: classes, activation: softmax}")
+    _argmax_segmenter(models / "idx" / "idx.onnx", 0)
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=r"output 'classes' is integer class indices \(int64\): 'activation: "
+                                         r"softmax' cannot apply"):
+        run_folder(dataclasses.replace(cfg, model="idx"), images)
+
+
+def test_a_class_index_past_a_class_mask_fails_that_image_with_the_reason(tmp_path: Path) -> None:
+    from worker.tasks import adapter_for
+    from worker.tasks.preprocess import Geometry
+
+    (tmp_path / "model.yaml").write_text("name: x\nonnx: x.onnx\ntask: segment\npostprocess: {output: classes}\n")
+    seg = adapter_for(load_card(tmp_path / "model.yaml"))
+    out = np.zeros((8, 8), np.int64)
+    out[2, 2] = 300
+    with pytest.raises(ValueError, match="class index 300 in output 'classes' is outside 0-255"):
+        seg.postprocess(out, Geometry((16, 16), 0.5, 0.5))
+    out[2, 2] = 7  # past the (absent) labels: named by number
+    assert seg.postprocess(out, Geometry((16, 16), 0.5, 0.5)).names[7] == "7"

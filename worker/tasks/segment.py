@@ -1,6 +1,6 @@
-"""Segmentation: one probability map (binary: resized back to the image and thresholded) or one map
+"""Segmentation: one probability map (binary: resized back to the image and thresholded), one map
 per class (multi-class: resized back, each pixel takes its most probable class; class 0 is the
-background)."""
+background), or integer class indices (an export that ends in ArgMax: resized back as they are)."""
 
 from __future__ import annotations
 
@@ -30,7 +30,13 @@ def regions(mask: np.ndarray) -> np.ndarray:
 
 
 def _multi_class(output: np.ndarray) -> bool:
-    return output.ndim == 3 and output.shape[0] >= 2
+    return output.ndim == 3 and output.shape[0] >= 2 and not _indices(output)
+
+
+def _indices(output: np.ndarray) -> bool:
+    """Integer class indices, (h, w) or (1, h, w), as an export that ends in ArgMax gives them."""
+    return output.ndim >= 2 and np.issubdtype(output.dtype, np.integer) and \
+        output.size == output.shape[-2] * output.shape[-1]
 
 
 def _argmax(planes: Iterator[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -84,16 +90,24 @@ class Segmenter(CardPreprocessing):
             return
         if output.ndim < 2 or output.size != output.shape[-2] * output.shape[-1]:
             raise ModelError(f"model '{self.card.name}': a segmenter's output must be one probability map per "
-                             f"image, (N, 1, h, w) or (N, h, w), or one map per class, (N, C, h, w); output "
+                             f"image, (N, 1, h, w) or (N, h, w), one map per class, (N, C, h, w), or integer "
+                             f"class indices, (N, h, w); output "
                              f"'{name}' is (N, {', '.join(map(str, output.shape))})")
+        if _indices(output):
+            if activation is not None:
+                raise ModelError(f"model '{self.card.name}': output '{name}' is integer class indices "
+                                 f"({output.dtype}): 'activation: {activation}' cannot apply (leave it out)")
+            return
         if activation == "softmax":
             raise ModelError(f"model '{self.card.name}': 'activation: softmax' needs a map per class, but output "
                              f"'{name}' has one map (use sigmoid for one map of logits)")
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Mask | ClassMask:
-        """output: (1, h, w) or (h, w) for one image (one map), or (C, h, w) (one map per class); with
-        `output_layout: nhwc`, (h, w, 1) or (h, w, C)."""
+        """output: (1, h, w) or (h, w) for one image (one map, or integer class indices), or (C, h, w)
+        (one map per class); with `output_layout: nhwc`, (h, w, 1) or (h, w, C)."""
         output = self._maps(output)
+        if _indices(output):
+            return self._indices(output.reshape(output.shape[-2:]), geometry)
         if _multi_class(output):
             return self._classes(output, geometry)
         prob = output.reshape(output.shape[-2:]).astype(np.float32, copy=False)
@@ -120,7 +134,24 @@ class Segmenter(CardPreprocessing):
         small, best = _argmax(iter(probs))
         sums = np.bincount(small.ravel(), weights=best.ravel(), minlength=c)
         given = np.bincount(small.ravel(), minlength=c)
-        scores = np.divide(sums, given, out=np.zeros(c), where=given > 0)
+        return self._class_mask(classes, np.divide(sums, given, out=np.zeros(c), where=given > 0))
+
+    def _indices(self, output: np.ndarray, geometry: Geometry) -> ClassMask:
+        """(h, w) integer class indices (an export that ends in ArgMax) -> the class mask at the original
+        size, resized by nearest neighbour (an index has no in-between). It carries no probabilities:
+        every class's score is 1.0."""
+        low, high = int(output.min()), int(output.max())
+        if low < 0 or high >= MAX_CLASSES:
+            raise ValueError(f"class index {low if low < 0 else high} in output '{self.card.postprocess.output}' "
+                             f"is outside 0-{MAX_CLASSES - 1}")
+        c = max(len(self.card.labels), high + 1, 2)
+        h, w = geometry.orig_hw
+        classes = cv2.resize(output.astype(np.uint8), (w, h), interpolation=cv2.INTER_NEAREST)
+        return self._class_mask(classes, np.ones(c))
+
+    def _class_mask(self, classes: np.ndarray, scores: np.ndarray) -> ClassMask:
+        """The result for (H, W) uint8 classes: each class's pixels and the foreground's regions."""
+        c = len(scores)
         pixels = cv2.calcHist([classes], [0], None, [c], [0, c])[:, 0].astype(np.int64)  # 6x numpy's bincount
         found = [np.column_stack([np.full(len(r), k), r]) for k in np.flatnonzero(pixels) if k
                  for r in [regions((classes == k).view(np.uint8))]]
