@@ -1,5 +1,7 @@
 """Users' own ONNX models through the whole pipeline: a multi-class segmenter (class-index mask,
-per-class fractions), a one-map segmenter that outputs logits, and a classifier ending in Softmax.
+per-class fractions), a one-map segmenter that outputs logits, a classifier ending in Softmax,
+channels-last models in and out, one-channel (gray) and 16-bit inputs, a segmenter ending in
+ArgMax, an end-to-end detector; and the cards that contradict their models, refused with the fix.
 
 The models are tiny graphs written here with known arithmetic (a 1x1 convolution that copies the
 colour channels, a global average then Softmax), so what each image must give is known exactly;
