@@ -107,7 +107,7 @@ class Segmenter(CardPreprocessing):
         (one map per class); with `output_layout: nhwc`, (h, w, 1) or (h, w, C)."""
         output = self._maps(output)
         if _indices(output):
-            return self._indices(output.reshape(output.shape[-2:]), geometry)
+            return self._from_indices(output.reshape(output.shape[-2:]), geometry)
         if _multi_class(output):
             return self._classes(output, geometry)
         prob = output.reshape(output.shape[-2:]).astype(np.float32, copy=False)
@@ -136,7 +136,7 @@ class Segmenter(CardPreprocessing):
         given = np.bincount(small.ravel(), minlength=c)
         return self._class_mask(classes, np.divide(sums, given, out=np.zeros(c), where=given > 0))
 
-    def _indices(self, output: np.ndarray, geometry: Geometry) -> ClassMask:
+    def _from_indices(self, output: np.ndarray, geometry: Geometry) -> ClassMask:
         """(h, w) integer class indices (an export that ends in ArgMax) -> the class mask at the original
         size, resized by nearest neighbour (an index has no in-between). It carries no probabilities:
         every class's score is 1.0."""
