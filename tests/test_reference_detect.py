@@ -148,6 +148,8 @@ def test_end2end_layout_takes_the_models_own_boxes_without_a_second_nms() -> Non
     assert det.names == ("b", "b", "c")
     np.testing.assert_allclose(det.scores, [0.9, 0.8, 0.7], rtol=1e-6)  # best first
     np.testing.assert_allclose(det.xyxy[0], [82, 0, 122, 17], atol=1e-4)  # mapped back by -104, clipped
+    turned = Detector(card).postprocess(rows.T.copy(), geo)  # [6, K], as some tools transpose it
+    assert turned.names == det.names and np.array_equal(turned.xyxy, det.xyxy)
     with pytest.raises(ModelError, match=r"layout end2end needs one image's output as \[K, 6\].* is \[300, 85\]"):
         Detector(card).check_output(np.zeros((300, 85), np.float32))
     Detector(card).check_output(rows)

@@ -15,9 +15,9 @@ from worker.tasks.preprocess import CardPreprocessing, Geometry
 def decode_rows(output: np.ndarray, layout: str, classes: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> (xyxy (A, 4) in input pixels, class ids (A,), scores (A,)), one best class per row.
     `classes`: how many the card names (0: none), which tells a yolov8 output's orientation."""
-    if layout == "end2end":  # the model's own boxes, best class and score
-        return (output[:, :4].astype(np.float32), np.rint(output[:, 5]).astype(np.int64),
-                output[:, 4].astype(np.float32))
+    if layout == "end2end":  # the model's own boxes, best class and score; [6, K] as some tools give it
+        rows = output.T if output.shape[0] == 6 and output.shape[1] != 6 else output
+        return (rows[:, :4].astype(np.float32), np.rint(rows[:, 5]).astype(np.int64), rows[:, 4].astype(np.float32))
     if layout == "yolov8":
         rows = output.T if _anchors_last(output, classes) else output
         boxes, cls = rows[:, :4], rows[:, 4:]
@@ -74,7 +74,7 @@ class Detector(CardPreprocessing):
     def check_output(self, output: np.ndarray) -> None:
         layout = self.card.postprocess.layout
         if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
-            if output.ndim != 2 or output.shape[1] != 6:
+            if output.ndim != 2 or 6 not in output.shape:
                 raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as [K, 6] "
                                  f"(x1, y1, x2, y2, score, class); output '{self.card.postprocess.output}' is "
                                  f"{list(output.shape)}")
