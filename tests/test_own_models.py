@@ -46,12 +46,12 @@ def _softmax_classifier(path: Path) -> str:
     return out
 
 
-def _card(models: Path, name: str, body: str) -> None:
+def _card(models: Path, name: str, body: str, resize: str = "stretch") -> None:
     folder = models / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.yaml").write_text(
         f"name: {name}\nonnx: {name}.onnx\ninput: {{name: input, size: [32, 48], dynamic_batch: true}}\n"
-        f"preprocess: {{color: rgb, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}}\n{body}\n")
+        f"preprocess: {{color: rgb, resize: {resize}, mean: [0, 0, 0], std: [255, 255, 255]}}\n{body}\n")
 
 
 def _thirds(path: Path, colors_bgr: list[tuple[int, int, int]], h: int = 60, w: int = 90) -> None:
@@ -174,6 +174,17 @@ def test_softmax_on_one_map_is_refused(tmp_path: Path) -> None:
         adapter_for(load_card(tmp_path / "model.yaml")).check_output(np.zeros((1, 8, 8), np.float32))
 
 
+def _save(graph, path: Path) -> None:
+    """A graph written with onnx.helper, as a checked opset-17 model file."""
+    import onnx
+    from onnx import helper
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 def _channels_last_model(path: Path, elem: int) -> None:
     """A TensorFlow-style export: input (N, 32, 48, 3) of `elem` type (raw 0-255 pixels when uint8), the
     same 1x1 channel copy as `_channels_model`, output (N, 3, 32, 48) float16."""
@@ -188,12 +199,7 @@ def _channels_last_model(path: Path, elem: int) -> None:
     graph = helper.make_graph(nodes, "nhwc", [helper.make_tensor_value_info("input", elem, ["N", 32, 48, 3])],
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, ["N", 3, 32, 48])],
                               initializer=[w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    import onnx
-
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    _save(graph, path)
 
 
 @pytest.mark.parametrize("elem, std", [("FLOAT16", 255), ("UINT8", 1)])
@@ -243,12 +249,7 @@ def _gray_model(path: Path, layout: str) -> None:
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1, 32, 48])],
                               initializer=[numpy_helper.from_array(np.full((1, 1, 1, 1), 8.0, np.float32), "w"),
                                            numpy_helper.from_array(np.array([-4.0], np.float32), "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    import onnx
-
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    _save(graph, path)
 
 
 def _gray_card(models: Path, layout: str, pre: str = "{color: gray, resize: stretch, mean: [0], std: [255]}") -> None:
@@ -343,23 +344,14 @@ def _end2end_detector(path: Path) -> None:
     graph = helper.make_graph(nodes, "e2e", [image],
                               [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 3, 6])],
                               initializer=inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    import onnx
-
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    _save(graph, path)
 
 
 def test_an_end_to_end_detector_gives_its_own_boxes_in_the_originals_coordinates(own) -> None:
     cfg, models, images = own
-    folder = models / "e2e"
-    folder.mkdir(parents=True)
-    (folder / "model.yaml").write_text(
-        "name: e2e\nonnx: e2e.onnx\ntask: detect\ninput: {name: input, size: [32, 48]}\n"
-        "preprocess: {color: rgb, resize: letterbox, pad_value: 114, mean: [0, 0, 0], std: [255, 255, 255]}\n"
-        "postprocess: {output: output0, layout: end2end, threshold: 0.5}\nlabels: [person, cup, car]\n")
-    _end2end_detector(folder / "e2e.onnx")
+    _card(models, "e2e", "task: detect\npostprocess: {output: output0, layout: end2end, threshold: 0.5}\n"
+                         "labels: [person, cup, car]", resize="letterbox")  # padded with the default 114
+    _end2end_detector(models / "e2e" / "e2e.onnx")
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: scale 1/2
     cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))
     assert run_folder(dataclasses.replace(cfg, model="e2e"), images).figures["done"] == 2
@@ -394,12 +386,7 @@ def _keras_segmenter(path: Path, maps: int) -> None:
     graph = helper.make_graph(nodes, "keras", [image],
                               [helper.make_tensor_value_info("maps", TensorProto.FLOAT, ["N", 32, 48, maps])],
                               initializer=[numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    import onnx
-
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    _save(graph, path)
 
 
 def _keras_card(models: Path, post: str, labels: str) -> None:
@@ -461,7 +448,6 @@ def test_the_output_layout_is_told_by_the_axes_that_have_the_inputs_aspect(tmp_p
 
 def test_a_model_with_a_second_input_is_refused_at_start_naming_both(own) -> None:
     """RT-DETR-style models also take the image sizes: onnxruntime would refuse each run for it."""
-    import onnx
     from onnx import TensorProto, helper
 
     cfg, models, images = own
@@ -471,10 +457,8 @@ def test_a_model_with_a_second_input_is_refused_at_start_naming_both(own) -> Non
              helper.make_tensor_value_info("sizes", TensorProto.FLOAT, ["N", 3])]
     graph = helper.make_graph(nodes, "two", feeds,
                               [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
     _card(models, "two", "task: classify\nlabels: [a, b, c]")
-    onnx.save(model, str(models / "two" / "two.onnx"))
+    _save(graph, models / "two" / "two.onnx")
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=r"two.onnx: the model has 2 inputs \('input' \['N', 3, 32, 48\], 'sizes' "
                                          r"\['N', 3\]\); the worker feeds one"):
@@ -484,7 +468,6 @@ def test_a_model_with_a_second_input_is_refused_at_start_naming_both(own) -> Non
 def _argmax_segmenter(path: Path, keepdims: int) -> None:
     """The 1x1 channel copy, then ArgMax over the channels: int64 class indices, (N, 1, 32, 48) or
     (N, 32, 48), as an export that ends in ArgMax gives them."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.eye(3, dtype=np.float32).reshape(3, 3, 1, 1), "w")
@@ -494,10 +477,7 @@ def _argmax_segmenter(path: Path, keepdims: int) -> None:
     graph = helper.make_graph(nodes, "argmax", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
                                                                               ["N", 3, 32, 48])],
                               [helper.make_tensor_value_info("classes", TensorProto.INT64, shape)], initializer=[w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
+    _save(graph, path)
 
 
 @pytest.mark.parametrize("keepdims", [0, 1])
