@@ -49,6 +49,8 @@ def build(folder: Path, samples: Path) -> dict[str, tuple[str, str]]:
         "palette.png": (_save(rgb.convert("P"), "PNG"), "done", ""),
         "cmyk.jpg": (_save(rgb.convert("CMYK"), "JPEG"), "done", ""),
         "multipage.tif": (_save(rgb, "TIFF", save_all=True, append_images=[rgb.rotate(90, expand=True)]), "done", ""),
+        "measurements.tif": (_save(Image.fromarray(photo[:, :, 1].astype(np.float32) / 255, mode="F"), "TIFF"),
+                             "failed", "a TIFF of 32-bit float samples, not 8- or 16-bit pixels"),
         "animated.gif": (_save(rgb.convert("P"), "GIF", save_all=True, append_images=[rgb.rotate(180).convert("P")]),
                          "done", ""),
         "with space.jpg": (jpeg, "done", ""),

@@ -266,3 +266,18 @@ def test_reduced_decode_takes_the_smallest_scale_that_keeps_what_the_resize_need
         decode_reduced(jpeg, "big.jpg", 10**6, lambda hw: (256, 384))
     with pytest.raises(DecodeError, match="cut.jpg: truncated JPEG"):
         decode_reduced(jpeg[: len(jpeg) // 2], "cut.jpg", 10**8, lambda hw: (256, 384))
+
+
+def test_32_bit_samples_are_refused_naming_the_file_and_16_bit_ones_decode() -> None:
+    """A float or 32-bit integer TIFF holds measurements, not pixels: decoding clipped them to black
+    or white and the image was done on that. A 16-bit PGM, which Pillow also opens in its 32-bit
+    integer mode, still decodes."""
+    for arr, what in ((np.full((4, 6), 0.5, np.float32), "float"), (np.full((4, 6), 3000, np.int32), "integer")):
+        buf = io.BytesIO()
+        Image.fromarray(arr, mode="F" if what == "float" else "I").save(buf, format="TIFF")
+        for depth in (8, 16):
+            with pytest.raises(DecodeError, match=f"m.tiff: a TIFF of 32-bit {what} samples, not 8- or 16-bit pixels"):
+                decode(buf.getvalue(), "m.tiff", 10**6, depth=depth)
+    pgm = cv2.imencode(".pgm", np.full((4, 6), 3000, np.uint16))[1].tobytes()
+    assert decode(pgm, "g.pgm", 10**6)[0, 0].tolist() == [11, 11, 11]  # 3000 / 256
+    assert decode(pgm, "g.pgm", 10**6, depth=16)[0, 0].tolist() == [3000] * 3

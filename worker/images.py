@@ -87,7 +87,9 @@ def _exif_orientation(tiff: bytes) -> int:
 
 
 def header_size(data: bytes, name: str) -> tuple[int, int] | None:
-    """(width, height) from the file header, or None when Pillow does not know the format.
+    """(width, height) from the file header, or None when Pillow does not know the format. Refuses
+    samples that are not pixels: 32-bit float or integer TIFFs (measurements, which decoding would
+    clip to black or white without a word).
 
     JPEG and PNG headers are read directly (this runs for every image; opening it with Pillow
     costs more than the rest of the checks together); other formats, and anything odd, go to Pillow."""
@@ -101,11 +103,18 @@ def header_size(data: bytes, name: str) -> tuple[int, int] | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as im:
-                return im.size
+                size, mode, kind = im.size, im.mode, im.format
+                bits = getattr(im, "tag_v2", {}).get(258, 0)  # a TIFF's BitsPerSample (one, or one per sample)
     except UnidentifiedImageError:
         return None
     except Exception as e:  # truncated headers and the like
         raise DecodeError(name, f"unreadable image header ({type(e).__name__}: {e})") from None
+    # Pillow's float mode, or its 32-bit integer one holding a TIFF's 32-bit samples (it also holds
+    # 16-bit PGMs, which decode well)
+    if mode == "F" or (mode == "I" and max(bits if isinstance(bits, tuple) else (bits,)) == 32):
+        raise DecodeError(name, f"a {kind} of 32-bit {'float' if mode == 'F' else 'integer'} samples, not "
+                                f"8- or 16-bit pixels: save it at 8 or 16 bits")
+    return size
 
 
 def decode(data: bytes, name: str, max_pixels: int, depth: int = 8) -> np.ndarray:
