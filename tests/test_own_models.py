@@ -517,3 +517,28 @@ def test_a_class_index_past_a_class_mask_fails_that_image_with_the_reason(tmp_pa
         seg.postprocess(out, Geometry((16, 16), 0.5, 0.5))
     out[2, 2] = 7  # past the (absent) labels: named by number
     assert seg.postprocess(out, Geometry((16, 16), 0.5, 0.5)).names[7] == "7"
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_a_model_exported_with_a_fixed_batch_gets_padded_batches(own, dynamic: bool) -> None:
+    """Exported with a batch of 4 (no dynamic axis): each image, even alone, gets its own result; the
+    card's dynamic_batch cannot make batches the model refuses."""
+    from onnx import TensorProto, helper
+
+    cfg, models, images = own
+    _card(models, "four", "task: classify\npostprocess: {output: probs, activation: none}\n"
+                          "labels: [red, green, blue]")
+    (models / "four" / "model.yaml").write_text((models / "four" / "model.yaml").read_text().replace(
+        "dynamic_batch: true", f"dynamic_batch: {str(dynamic).lower()}"))
+    nodes = [helper.make_node("GlobalAveragePool", ["input"], ["pooled"]),
+             helper.make_node("Flatten", ["pooled"], ["probs"], axis=1)]
+    image = helper.make_tensor_value_info("input", TensorProto.FLOAT, [4, 3, 32, 48])
+    probs = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [4, 3])
+    graph = helper.make_graph(nodes, "four", [image], [probs])
+    _save(graph, models / "four" / "four.onnx")
+    for name, bgr in (("r.png", (0, 0, 255)), ("g.png", (0, 255, 0)), ("b.png", (255, 0, 0))):
+        cv2.imwrite(str(images / name), np.full((20, 30, 3), bgr, np.uint8))
+    cfg = dataclasses.replace(cfg, model="four", pipeline=dataclasses.replace(cfg.pipeline, max_batch=8))
+    assert run_folder(cfg, images).figures["done"] == 3
+    for name, label in (("r.png", "red"), ("g.png", "green"), ("b.png", "blue")):
+        assert json.loads((cfg.outbox / f"{name}.json").read_text())["labels"][0]["name"] == label

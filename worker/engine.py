@@ -153,14 +153,20 @@ class Engine:
         return first if isinstance(first, int) else None
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16)."""
+        """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16).
+
+        A model exported with a fixed batch (say 4) gets its N images and zeros after them, and the
+        first N outputs come back: a lone image in watch mode would otherwise fail."""
+        n, fixed = len(batch), self.static_batch
+        if fixed is not None and n < fixed:
+            batch = np.concatenate([batch, np.zeros((fixed - n, *batch.shape[1:]), batch.dtype)])
         if self.layout == "nhwc":
             batch = np.ascontiguousarray(batch.transpose(0, 2, 3, 1))
         if self._input_type is np.uint8:  # raw pixels: the card's mean 0 and std 1 leave them 0-255
             batch = np.clip(np.rint(batch), 0, 255).astype(np.uint8)
         elif self._input_type is not None:
             batch = batch.astype(self._input_type)
-        out = self.session.run([self.output_name], {self.input_name: batch})[0]
+        out = self.session.run([self.output_name], {self.input_name: batch})[0][:n]
         return out.astype(np.float32) if out.dtype == np.float16 else out
 
     def warm_up(self, batch_size: int, size_hw: tuple[int, int], channels: int = 3) -> None:
