@@ -246,3 +246,20 @@ def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, sam
     assert out.exit_code == 0, out.output
     rows = json.loads(CliRunner().invoke(cli, ["--config", str(conf), "query", "--format", "json"]).output)
     assert len(rows) == 40 and all(r["status"] == "done" for r in rows)
+
+
+def test_models_list_shows_the_cards_that_load_and_says_what_is_wrong_with_the_rest(tmp_path: Path) -> None:
+    """A card being edited must not hide the others; `run` of a missing card still names every folder."""
+    import shutil
+
+    models = tmp_path / "models"
+    shutil.copytree(ROOT / "models" / "ppocr-det", models / "ppocr-det")
+    (models / "half").mkdir()
+    (models / "half" / "model.yaml").write_text("name: half\ntask: [\n")
+    conf = _config(tmp_path)
+    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
+    out = CliRunner().invoke(cli, ["--config", str(conf), "models", "list"])
+    assert out.exit_code == 1 and "ppocr-det" in out.output and "segment" in out.output
+    assert f"error: {models / 'half' / 'model.yaml'}: not valid YAML" in out.output
+    out = CliRunner().invoke(cli, ["--config", str(conf), "models", "pull", "nope"])
+    assert "no card at" in str(out.exception) and "(known models: half, ppocr-det)" in str(out.exception)

@@ -15,7 +15,9 @@ from worker.models.torch_weights import load_state_dict
 
 
 def test_cards_load() -> None:
-    cards = {c.name: c for c in list_cards(ROOT / "models")}
+    loaded, errors = list_cards(ROOT / "models")
+    cards = {c.name: c for c in loaded}
+    assert errors == []
     assert {"ppocr-det", "efficientnet-lite0", "yolov3-tiny"} <= set(cards)
     assert cards["yolov3-tiny"].task == "detect" and cards["efficientnet-lite0"].task == "classify"
 

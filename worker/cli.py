@@ -551,7 +551,8 @@ def models() -> None:
 @models.command("list")
 @click.pass_context
 def models_list(ctx: click.Context) -> None:
-    """Show each card's name, task, source and local ONNX path once pulled.
+    """Show each card's name, task, source and local ONNX path once pulled; then what is wrong with
+    any card that does not load (exit status 1).
 
     \b
     Example:
@@ -561,12 +562,17 @@ def models_list(ctx: click.Context) -> None:
 
     cfg = _load(ctx)
     rows = []
-    for card in list_cards(cfg.models_dir):
+    cards, errors = list_cards(cfg.models_dir)
+    for card in cards:
         path = card.onnx_path(cfg.cache_dir)
         source = card.source.package if card.source else f"file {path}"
         rows.append({"name": card.name, "task": card.task, "source": source,
                      "onnx": str(path) if path.exists() else "(not pulled)"})
     _emit(rows, "table", ["name", "task", "source", "onnx"])
+    for e in errors:
+        click.echo(f"error: {e}", err=True)
+    if errors:
+        sys.exit(1)
 
 
 @models.command("pull")

@@ -227,10 +227,19 @@ def load_card(path: Path) -> ModelCard:
 def find_card(models_dir: Path, name: str) -> ModelCard:
     path = models_dir / name / "model.yaml"
     if not path.exists():
-        known = ", ".join(c.name for c in list_cards(models_dir)) or "none"
+        known = ", ".join(sorted(p.parent.name for p in models_dir.glob("*/model.yaml"))) or "none"  # unparsed
         raise ConfigError(f"model '{name}': no card at {path} (known models: {known})")
     return load_card(path)
 
 
-def list_cards(models_dir: Path) -> list[ModelCard]:
-    return [load_card(p) for p in sorted(models_dir.glob("*/model.yaml"))]
+def list_cards(models_dir: Path) -> tuple[list[ModelCard], list[ConfigError]]:
+    """Every card under models_dir that loads, and the reason for each one that does not (a card
+    being edited must not hide the others)."""
+    cards: list[ModelCard] = []
+    errors: list[ConfigError] = []
+    for path in sorted(models_dir.glob("*/model.yaml")):
+        try:
+            cards.append(load_card(path))
+        except ConfigError as e:
+            errors.append(e)
+    return cards, errors
