@@ -115,6 +115,8 @@ class Engine:
                              f"the image tensor (models that also take sizes or prompts are not supported)")
         model_input = next(i for i in inputs if i.name == self.input_name)
         self.input_shape, self.layout = model_input.shape, layout
+        first = self.input_shape[0] if self.input_shape else None
+        self.static_batch: int | None = first if isinstance(first, int) else None  # a batch fixed at export
         if model_input.type not in _INPUT_TYPES:
             raise ModelError(f"{onnx_path}: input '{self.input_name}' is {model_input.type}; the worker feeds "
                              f"{', '.join(_INPUT_TYPES)}")
@@ -146,11 +148,6 @@ class Engine:
         for dim, want, what in ((h, size_hw[0], "height"), (w, size_hw[1], "width")):
             if isinstance(dim, int) and dim != want:
                 raise ModelError(f"model '{name}': card says input {what} {want}, the ONNX file says {dim}")
-
-    @property
-    def static_batch(self) -> int | None:
-        first = self.input_shape[0] if self.input_shape else None
-        return first if isinstance(first, int) else None
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16).

@@ -120,17 +120,8 @@ def header_size(data: bytes, name: str) -> tuple[int, int] | None:
 def decode(data: bytes, name: str, max_pixels: int, depth: int = 8) -> np.ndarray:
     """Decode to BGR (H, W, 3), uint8; with `depth` 16, uint16: a 16-bit file's own pixels, any other
     widened (255 -> 65535). Raises DecodeError or ImageTooLarge with the file name."""
-    if depth == 16 and data[:2] != b"\xff\xd8":  # JPEGs are 8-bit: the usual decode, widened
-        deep = cv2.imdecode(np.frombuffer(_plain(data, name, max_pixels), dtype=np.uint8),
-                            cv2.IMREAD_COLOR | cv2.IMREAD_ANYDEPTH)
-        if deep is not None and deep.ndim == 3 and deep.shape[2] == 3 and deep.shape[0] and deep.shape[1]:
-            if deep.dtype == np.uint16:
-                return deep
-            if deep.dtype == np.uint8:
-                return widen(deep)
-        # neither (a float TIFF, a format only Pillow reads): the usual decode, widened
-    img = _decode8(data, name, max_pixels)
-    return widen(img) if depth == 16 else img
+    img = _decode(data, name, max_pixels, deep=depth == 16)
+    return widen(img) if depth == 16 and img.dtype == np.uint8 else img
 
 
 def widen(img: np.ndarray) -> np.ndarray:
@@ -138,16 +129,8 @@ def widen(img: np.ndarray) -> np.ndarray:
     return img.astype(np.uint16) * np.uint16(257)
 
 
-def _plain(data: bytes, name: str, max_pixels: int) -> bytes:
-    """A non-JPEG file's bytes once its pixel count is checked (PNGs without their colour profile)."""
-    if not data:
-        raise DecodeError(name, "empty file")
-    if (size := header_size(data, name)) is not None:
-        _check_pixels(size[0], size[1], name, max_pixels)
-    return _without_colour_profile(data) if data[:8] == PNG_SIGNATURE else data
-
-
-def _decode8(data: bytes, name: str, max_pixels: int) -> np.ndarray:
+def _decode(data: bytes, name: str, max_pixels: int, deep: bool) -> np.ndarray:
+    """BGR (H, W, 3), uint8, or with `deep` a 16-bit file's uint16 (JPEGs are 8-bit either way)."""
     if not data:
         raise DecodeError(name, "empty file")
     jpeg = _jpeg_header(data) if data[:2] == b"\xff\xd8" else None
@@ -164,7 +147,10 @@ def _decode8(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     elif data[:8] == PNG_SIGNATURE:
         data = _without_colour_profile(data)
     buf = np.frombuffer(data, dtype=np.uint8)
-    img = cv2.imdecode(buf, cv2.IMREAD_COLOR)  # applies EXIF orientation, 16->8 bit, gray->3 channels
+    # applies EXIF orientation, gray->3 channels, and 16->8 bit unless deep
+    img = cv2.imdecode(buf, cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if deep else 0))
+    if deep and img is not None and img.dtype not in (np.uint8, np.uint16):  # a float format (Radiance HDR)
+        img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
     if img is None:
         img = _decode_with_pillow(data, name)  # GIF, some TIFFs and WebPs OpenCV's build cannot read
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
