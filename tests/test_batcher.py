@@ -89,7 +89,7 @@ class FakeEngine:
         self.warm_ups: list[str] = []  # the names of the threads that warmed up
         self.lock = threading.Lock()
 
-    def warm_up(self, batch_size: int, size_hw: tuple[int, int], channels: int = 3) -> None:
+    def warm_up(self, batch_size: int, size_hw: tuple[int, int]) -> None:
         with self.lock:
             self.warm_ups.append(threading.current_thread().name)
 

@@ -76,7 +76,7 @@ def test_pixel_limit_checked_from_header() -> None:
 def test_header_size_reads_jpeg_and_png_like_pillow() -> None:
     """The fast header reader must agree with Pillow, including progressive JPEGs, EXIF segments
     and 16-bit PNGs; odd or cut headers fall back to Pillow's answer or error."""
-    from worker.images import header_size
+    from worker.images import check_header
 
     rng = np.random.default_rng(0)
     img = Image.fromarray(rng.integers(0, 255, (37, 91, 3), dtype=np.uint8))
@@ -90,9 +90,9 @@ def test_header_size_reads_jpeg_and_png_like_pillow() -> None:
     files.append(_png(np.zeros((37, 91), np.uint16)))
     files.append(_png(np.zeros((37, 91, 4), np.uint8)))
     for data in files:
-        assert header_size(data, "x") == Image.open(io.BytesIO(data)).size == (91, 37)
+        assert check_header(data, "x") == Image.open(io.BytesIO(data)).size == (91, 37)
     ok, bmp = cv2.imencode(".bmp", np.zeros((37, 91, 3), np.uint8))
-    assert header_size(bmp.tobytes(), "x") == (91, 37)  # not JPEG or PNG: Pillow reads it
+    assert check_header(bmp.tobytes(), "x") == (91, 37)  # not JPEG or PNG: Pillow reads it
     with pytest.raises(DecodeError, match="cut.jpg"):
         decode(files[0][:30], "cut.jpg", 10**6)  # no start-of-frame yet: Pillow fails, clearly
 

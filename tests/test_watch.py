@@ -385,12 +385,12 @@ def test_a_file_cut_short_waits_for_its_writer_then_is_taken_whole(tmp_path: Pat
     submitted: list[Job] = []
     intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append, incomplete_s=600.0)
     intake.notify(path, ready=True)  # the first part's close-after-write
-    assert intake._tick() == 0 and intake._tick() == 0  # held, however often it is looked at
+    assert intake.tick() == 0 and intake.tick() == 0  # held, however often it is looked at
     assert intake.held() == 1  # the status line says so
     with open(path, "ab") as f:  # the upload resumes
         f.write(data[len(data) // 3:])
     intake.notify(path, ready=True)
-    assert intake._tick() == 1 and intake.held() == 0
+    assert intake.tick() == 1 and intake.held() == 0
     assert [(j.rel, j.size) for j in submitted] == [("upload.jpg", len(data))]
 
 
@@ -405,8 +405,8 @@ def test_a_file_still_cut_short_is_taken_once_unchanged_for_incomplete_s(tmp_pat
     with caplog.at_level(logging.INFO, logger="worker.intake.watch"):
         intake.rescan()
         held_at = time.monotonic()
-        assert intake._tick() == 0  # size noted, at or after held_at
-        assert wait_for(lambda: intake._tick() == 1, timeout=10)
+        assert intake.tick() == 0  # size noted, at or after held_at
+        assert wait_for(lambda: intake.tick() == 1, timeout=10)
         assert time.monotonic() - held_at >= 0.5  # not before: the intake's clock decides
     assert [j.rel for j in submitted] == ["new.jpg"]
     said = [r.getMessage() for r in caplog.records if "looks cut short" in r.getMessage()]
@@ -427,7 +427,7 @@ def test_a_kept_input_is_not_read_to_judge_it(tmp_path: Path, samples: Path, mon
     intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append,
                     done=lambda rel, sig: True, incomplete_s=600.0)
     intake.notify(inbox / "kept.jpg", ready=True)
-    assert intake._tick() == 0
+    assert intake.tick() == 0
     assert judged == [] and submitted == []
     with intake._lock:
         assert not intake._pending  # let go, not held
@@ -483,9 +483,9 @@ def test_a_file_archived_while_a_rescan_looks_at_it_is_not_submitted_again(tmp_p
     submitted: list[Job] = []
     intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append)
     intake.notify(path, ready=True)
-    assert intake._tick() == 1  # the job is in flight
+    assert intake.tick() == 1  # the job is in flight
     intake.rescan()  # a periodic rescan finds the file again while its job is in flight
-    assert intake._tick() == 0  # first look: its size is noted (settle check)
+    assert intake.tick() == 0  # first look: its size is noted (settle check)
     real_lstat = Path.lstat
     armed = [True]
 
@@ -498,7 +498,7 @@ def test_a_file_archived_while_a_rescan_looks_at_it_is_not_submitted_again(tmp_p
         return st
 
     monkeypatch.setattr(Path, "lstat", lstat_then_finish)
-    assert intake._tick() == 0
+    assert intake.tick() == 0
     assert [j.rel for j in submitted] == ["a.jpg"]
     assert not armed[0]  # the race was really staged
 

@@ -77,9 +77,10 @@ def wanted_providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]
 
 class Engine:
     def __init__(self, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, input_name: str = "",
-                 output_name: str = "", layout: str = "nchw") -> None:
+                 output_name: str = "", layout: str = "nchw", channels: int = 3) -> None:
         """`layout`: the model input's axis order, nchw or nhwc (TensorFlow exports); `run` takes NCHW
-        float32 either way and gives the input the model's layout and element type (float, float16, uint8)."""
+        float32 either way and gives the input the model's layout and element type (float, float16, uint8).
+        `channels`: what the card's preprocessing makes, 1 (gray) or 3 (check_input holds the model to it)."""
         if (warning := conflicting_builds(installed_onnxruntime_builds())) is not None:
             log.warning(warning)
         self.device_id = cfg.device_id
@@ -114,7 +115,7 @@ class Engine:
             raise ModelError(f"{onnx_path}: the model has {len(inputs)} inputs ({listed}); the worker feeds one, "
                              f"the image tensor (models that also take sizes or prompts are not supported)")
         model_input = next(i for i in inputs if i.name == self.input_name)
-        self.input_shape, self.layout = model_input.shape, layout
+        self.input_shape, self.layout, self.channels = model_input.shape, layout, channels
         first = self.input_shape[0] if self.input_shape else None
         self.static_batch: int | None = first if isinstance(first, int) else None  # a batch fixed at export
         if model_input.type not in _INPUT_TYPES:
@@ -126,10 +127,10 @@ class Engine:
     def on_gpu(self) -> bool:
         return "CUDAExecutionProvider" in self.providers
 
-    def check_input(self, size_hw: tuple[int, int], name: str, channels: int = 3) -> None:
-        """Fail at start, not on the first image, when the card's input size, layout or colour (its
-        `channels`: 1 for gray, else 3) contradicts the model."""
-        shape = self.input_shape
+    def check_input(self, size_hw: tuple[int, int], name: str) -> None:
+        """Fail at start, not on the first image, when the card's input size, layout or colour (the
+        engine's `channels`) contradicts the model."""
+        shape, channels = self.input_shape, self.channels
         if len(shape) != 4:
             raise ModelError(f"model '{name}': input '{self.input_name}' has rank {len(shape)}, expected "
                              f"{self.layout.upper()}")
@@ -166,6 +167,6 @@ class Engine:
         out = self.session.run([self.output_name], {self.input_name: batch})[0][:n]
         return out.astype(np.float32) if out.dtype == np.float16 else out
 
-    def warm_up(self, batch_size: int, size_hw: tuple[int, int], channels: int = 3) -> None:
+    def warm_up(self, batch_size: int, size_hw: tuple[int, int]) -> None:
         """One run at the largest batch before intake starts, so the first image sees no cold start."""
-        self.run(np.zeros((batch_size, channels, *size_hw), dtype=np.float32))
+        self.run(np.zeros((batch_size, self.channels, *size_hw), dtype=np.float32))

@@ -86,10 +86,10 @@ def _exif_orientation(tiff: bytes) -> int:
     return 1
 
 
-def header_size(data: bytes, name: str) -> tuple[int, int] | None:
-    """(width, height) from the file header, or None when Pillow does not know the format. Refuses
-    samples that are not pixels: 32-bit float or integer TIFFs (measurements, which decoding would
-    clip to black or white without a word).
+def check_header(data: bytes, name: str) -> tuple[int, int] | None:
+    """The image's (width, height) read from its header, or None when Pillow does not know the format;
+    raises DecodeError for a header that cannot be read, and for samples that are not pixels: 32-bit
+    float or integer TIFFs (measurements, which decoding would clip to black or white without a word).
 
     JPEG and PNG headers are read directly (this runs for every image; opening it with Pillow
     costs more than the rest of the checks together); other formats, and anything odd, go to Pillow."""
@@ -134,7 +134,7 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool) -> np.ndarray:
     if not data:
         raise DecodeError(name, "empty file")
     jpeg = _jpeg_header(data) if data[:2] == b"\xff\xd8" else None
-    size = (jpeg.width, jpeg.height) if jpeg is not None else header_size(data, name)
+    size = (jpeg.width, jpeg.height) if jpeg is not None else check_header(data, name)
     if size is not None:
         _check_pixels(size[0], size[1], name, max_pixels)
     if data[:2] == b"\xff\xd8":

@@ -211,9 +211,9 @@ class Pipeline:
     @staticmethod
     def _warm_up_thread(step: Callable[[], object], warmed: threading.Event) -> None:
         """A new thread's first image pays for what is set up per thread: a decode thread's database
-        connection and its first decode and preprocessing (about 1-3 ms more than later images'
-        on YOLOv3-tiny at 640 px: README, Watch-mode latency), an inference thread's CUDA handles. Each
-        such thread pays it here, before intake starts: the constructor waits for them."""
+        connection and its first decode and preprocessing (about 1-3 ms more than later images' on
+        YOLOv3-tiny at 640 px: tests/perf/NOTES.md, Watch-mode latency), an inference thread's CUDA
+        handles. Each such thread pays it here, before intake starts: the constructor waits for them."""
         try:
             step()
         except Exception as e:  # only a warm-up: real images will say what is wrong, one by one
@@ -227,7 +227,7 @@ class Pipeline:
             self.adapter.preprocess(decode(jpeg, "warm-up", self.settings.max_pixels, self._depth))
 
     def _warm_up_infer(self) -> None:
-        self.engine.warm_up(self.settings.max_batch, self._size_hw, self._channels)
+        self.engine.warm_up(self.settings.max_batch, self._size_hw)
 
     # -- the public surface ------------------------------------------------------------------
     def submit(self, job: Job, stop: threading.Event | None = None,

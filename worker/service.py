@@ -91,14 +91,14 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     _warn_shared_outbox(db, cfg.outbox, root)
     p = cfg.pipeline
     engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or DEFAULT_INTRA_OP_THREADS, card.input.name,
-                    card.postprocess.output, card.input.layout)
+                    card.postprocess.output, card.input.layout, card.preprocess.channels)
     auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
     size_hw = (card.input.size[0], card.input.size[1])
-    engine.check_input(size_hw, card.name, card.preprocess.channels)
+    engine.check_input(size_hw, card.name)
     wanted = p.max_batch or default_max_batch(engine.on_gpu)
     # a model's fixed batch wins over the card (its batches are padded to it: Engine.run)
     max_batch = engine.static_batch or (wanted if card.input.dynamic_batch else 1)
-    engine.warm_up(max_batch, size_hw, card.preprocess.channels)
+    engine.warm_up(max_batch, size_hw)
     adapter = adapter_for(card)
     warm_up_stages(adapter, engine, p.max_pixels, card.preprocess.depth)
     settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,

@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 from sqlalchemy import bindparam, insert, select
 
-from worker.images import _check_jpeg_complete, decode, header_size
+from worker.images import _check_jpeg_complete, check_header, decode
 from worker.maskpng import encode_mask_png
 from worker.models.card import Preprocess
 from worker.samples import fetch_samples
@@ -66,7 +66,7 @@ def main() -> None:
     ok, jpeg = cv2.imencode(".jpg", image)
     data = jpeg.tobytes()
     rows += [("image size with Pillow (old)", per_call_us(lambda i: Image.open(io.BytesIO(data)).size)),
-             ("image size from the JPEG header (new)", per_call_us(lambda i: header_size(data, "x")))]
+             ("image size from the JPEG header (new)", per_call_us(lambda i: check_header(data, "x")))]
     yy, xx = np.mgrid[:1440, :1920]
     mask = ((xx // 37 + yy // 23) % 3 == 0) & (yy % 200 > 40)  # text-like blocks, a 1920 px page
     rows += [("mask 1920x1440 to PNG, OpenCV 8-bit (old)",

@@ -168,7 +168,7 @@ class Intake:
         while True:
             if check is not None:
                 check()
-            submitted += self._tick(stop, check)
+            submitted += self.tick(stop, check)
             with self._lock:
                 idle = not self._pending
             if burst and idle:
@@ -181,11 +181,11 @@ class Intake:
             self._wake.wait(min(0.1, self.settle_s / 4 if self.settle_s else 0.1))
             self._wake.clear()
 
-    def _tick(self, stop: threading.Event | None = None, check: Callable[[], object] | None = None) -> int:
-        """Submit what is complete. A backlog (thousands of files at start) takes as long as the pipeline
-        takes to make room for each: `stop` and `check` are looked at before every file, so the first
-        Ctrl-C ends intake at once (the rest stay in the inbox) and the status line and the inbox guard
-        keep their pace."""
+    def tick(self, stop: threading.Event | None = None, check: Callable[[], object] | None = None) -> int:
+        """One pass of `run`: submit what is complete; returns how many. A backlog (thousands of files at
+        start) takes as long as the pipeline takes to make room for each: `stop` and `check` are looked at
+        before every file, so the first Ctrl-C ends intake at once (the rest stay in the inbox) and the
+        status line and the inbox guard keep their pace."""
         now = time.monotonic()
         with self._lock:
             items = list(self._pending.items())
