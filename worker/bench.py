@@ -447,8 +447,8 @@ def _copies_note(r: CorpusResult, n: int) -> str:
 def plain_preprocess(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
     """The card's preprocessing as the issue's baseline scripts wrote it: the resize, then the colour
     order and normalisation with numpy broadcasting and a transpose. The same tensor as the worker's
-    `prepare`, which normalises one channel at a time, a few times faster on this CPU (README,
-    hot-path table)."""
+    `prepare`, which normalises one channel at a time, a few times faster on this CPU
+    (tests/perf/NOTES.md, the hot-path table)."""
     resized, geo = resize_for(image, spec, size_hw)
     if spec.color == "rgb":
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
