@@ -1,7 +1,7 @@
 """Users' own ONNX models through the whole pipeline: a multi-class segmenter (class-index mask,
 per-class fractions), a one-map segmenter that outputs logits, a classifier ending in Softmax,
 channels-last models in and out, one-channel (gray) and 16-bit inputs, a segmenter ending in
-ArgMax, an end-to-end detector; and the cards that contradict their models, refused with the fix.
+ArgMax, an end-to-end detector, a DETR; and the cards that contradict their models, refused with the fix.
 
 The models are tiny graphs written here with known arithmetic (a 1x1 convolution that copies the
 colour channels, a global average then Softmax), so what each image must give is known exactly;
@@ -370,6 +370,49 @@ def test_an_end_to_end_detector_gives_its_own_boxes_in_the_originals_coordinates
     assert exported["categories"] == [{"id": 0, "name": "person"}, {"id": 1, "name": "cup"}, {"id": 2, "name": "car"},
                                       {"id": 5, "name": "5"}]  # every category an annotation refers to
     assert sorted(a["category_id"] for a in exported["annotations"]) == [1, 5, 5]
+
+
+
+def _detr_detector(path: Path) -> None:
+    """(N, 3, 32, 48) -> (N, 4, 7), as Ultralytics exports an RT-DETR: per query cx, cy, w, h as fractions
+    of the input, then the probabilities of 3 classes. Query 0 is a cup whose score is the image's mean
+    level (0-1); query 1 nearly the same box, a cup at 0.7; query 2 a car at 0.9; query 3 below any
+    threshold."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rows = np.array([[[0.50, 0.50, 0.50, 0.50, 0.0, 0.0, 0.0], [0.52, 0.50, 0.50, 0.50, 0.0, 0.7, 0.0],
+                      [0.25, 0.25, 0.25, 0.50, 0.0, 0.0, 0.9], [0.10, 0.10, 0.10, 0.10, 0.1, 0.1, 0.1]]], np.float32)
+    gate = np.zeros((1, 4, 7), np.float32)
+    gate[0, 0, 5] = 1.0  # query 0's cup follows the image
+    nodes = [helper.make_node("ReduceMean", ["input"], ["level"], axes=[1, 2, 3], keepdims=1),
+             helper.make_node("Squeeze", ["level", "axis"], ["level2"]),  # (N, 1, 1)
+             helper.make_node("Mul", ["level2", "gate"], ["scored"]),
+             helper.make_node("Add", ["scored", "rows"], ["output0"])]
+    inits = [numpy_helper.from_array(rows, "rows"), numpy_helper.from_array(gate, "gate"),
+             numpy_helper.from_array(np.array([3], np.int64), "axis")]
+    image = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 48])
+    graph = helper.make_graph(nodes, "detr", [image],
+                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 4, 7])],
+                              initializer=inits)
+    _save(graph, path)
+
+
+def test_a_detr_gives_one_box_per_query_scaled_from_fractions_of_the_input(own) -> None:
+    cfg, models, images = own
+    _card(models, "detr", "task: detect\npostprocess: {output: output0, layout: detr, threshold: 0.5}\n"
+                          "labels: [person, cup, car]")  # stretched, as Ultralytics' RT-DETR predictor does
+    _detr_detector(models / "detr" / "detr.onnx")
+    cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input
+    cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))
+    assert run_folder(dataclasses.replace(cfg, model="detr"), images).figures["done"] == 2
+    white = json.loads((cfg.outbox / "white.png.json").read_text())["boxes"]
+    # query 0: cx 24, cy 16, w 24, h 16 input pixels -> 12, 8, 36, 24 -> x2 in the original; query 1
+    # overlaps it (IoU 0.92): a NMS would drop it, a DETR's queries are one box each
+    assert [(b["name"], b["xyxy"]) for b in white] == [("cup", [24, 16, 72, 48]), ("car", [12, 0, 36, 32]),
+                                                      ("cup", [25.92, 16, 73.92, 48])]
+    assert [b["score"] for b in white] == pytest.approx([1.0, 0.9, 0.7], abs=1e-3)
+    dark = json.loads((cfg.outbox / "dark.png.json").read_text())["boxes"]
+    assert [b["name"] for b in dark] == ["car", "cup"]  # its first cup scored 20/255, under the threshold
 
 
 def _keras_segmenter(path: Path, maps: int) -> None:

@@ -153,3 +153,32 @@ def test_end2end_layout_takes_the_models_own_boxes_without_a_second_nms() -> Non
     with pytest.raises(ModelError, match=r"layout end2end needs one image's output as \[K, 6\].* is \[300, 85\]"):
         Detector(card).check_output(np.zeros((300, 85), np.float32))
     Detector(card).check_output(rows)
+
+
+def test_detr_layout_scales_fractions_to_the_input_and_keeps_every_query() -> None:
+    """Ultralytics' RT-DETR export: [Q, 4+C], cx, cy, w, h as fractions of the input, then each class's
+    probability; one box per query, so no NMS (two queries on one object both stay)."""
+    card = _card()
+    card = dataclasses.replace(card, postprocess=dataclasses.replace(card.postprocess, layout="detr", threshold=0.5),
+                               labels=("a", "b", "c"))  # input 416x416
+    rows = np.array([  # cx, cy, w, h (fractions), then a, b, c
+        [0.50, 0.50, 0.25, 0.50, 0.1, 0.8, 0.2],
+        [0.51, 0.50, 0.25, 0.50, 0.1, 0.7, 0.2],  # nearly the first box (IoU ~0.92): kept all the same
+        [0.25, 0.75, 0.10, 0.10, 0.0, 0.0, 0.9],
+        [0.10, 0.10, 0.10, 0.10, 0.3, 0.2, 0.1],  # best class under the threshold
+    ], dtype=np.float32)
+    geo = Geometry(orig_hw=(832, 832), scale_x=0.5, scale_y=0.5)  # the original was twice the input
+    det = Detector(card).postprocess(rows, geo)
+    assert det.names == ("c", "b", "b")
+    np.testing.assert_allclose(det.scores, [0.9, 0.8, 0.7], rtol=1e-6)  # best first
+    np.testing.assert_allclose(det.xyxy[0], [166.4, 582.4, 249.6, 665.6], atol=1e-3)  # 0.2-0.3 x 832, 0.7-0.8 x 832
+    np.testing.assert_allclose(det.xyxy[1], [312, 208, 520, 624], atol=1e-3)
+    assert det.class_ids.tolist() == [2, 1, 1]
+    turned = Detector(card).postprocess(rows.T.copy(), geo)  # [4+C, Q]: the axis of 4 + the labels is the rows
+    assert turned.names == det.names and np.allclose(turned.xyxy, det.xyxy)
+    Detector(card).check_output(rows)
+    with pytest.raises(ModelError, match=r"the card lists 3 labels.* 80 classes"):
+        Detector(card).check_output(np.zeros((300, 84), np.float32))
+    wanted = r"layout detr needs one image's output as \[Q, 4\+C\] \(or \[4\+C, Q\]\).* is \[300\]"
+    with pytest.raises(ModelError, match=wanted):
+        Detector(card).check_output(np.zeros(300, np.float32))

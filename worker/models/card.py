@@ -80,9 +80,11 @@ class Postprocess:
     threshold: float = 0.5  # segment: mask threshold; detect: min score; classify: below => uncertain
     top_k: int = 5
     iou: float = 0.45
-    # detect: yolov5 [A, 5+C], yolov8 [4+C, A], or end2end [K, 6] (x1, y1, x2, y2, score, class: boxes
-    # the model has already suppressed, as YOLOv10, YOLO26 and `yolo export nms=True` give them)
-    layout: Literal["yolov5", "yolov8", "end2end"] = "yolov5"
+    # detect: yolov5 [A, 5+C], yolov8 [4+C, A], end2end [K, 6] (x1, y1, x2, y2, score, class: boxes
+    # the model has already suppressed, as YOLOv10, YOLO26 and `yolo export nms=True` give them), or
+    # detr [Q, 4+C] (one box per query, cx, cy, w, h as fractions of the input, then each class's
+    # probability; no NMS: Ultralytics' RT-DETR export)
+    layout: Literal["yolov5", "yolov8", "end2end", "detr"] = "yolov5"
     # segment: where the output's class axis is: nchw (N, C, h, w), or nhwc (N, h, w, C), as a Keras or
     # TensorFlow segmenter gives its maps (a one-map one: (N, h, w, 1))
     output_layout: Literal["nchw", "nhwc"] = "nchw"

@@ -1,6 +1,8 @@
 """Detection: decode YOLOv5-layout ([A, 5+C]: cx, cy, w, h, objectness, class probabilities) or
 YOLOv8-layout ([4+C, A], no objectness) rows and suppress them class by class, or take an end-to-end
-model's own boxes ([K, 6]: x1, y1, x2, y2, score, class); then map the boxes back to the original image."""
+model's own boxes ([K, 6]: x1, y1, x2, y2, score, class) or a DETR's one box per query ([Q, 4+C]: cx,
+cy, w, h as fractions of the input, class probabilities) as they are; then map the boxes back to the
+original image."""
 
 from __future__ import annotations
 
@@ -12,13 +14,15 @@ from worker.tasks import check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
-def decode_rows(output: np.ndarray, layout: str, classes: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def decode_rows(output: np.ndarray, layout: str, classes: int = 0,
+                input_hw: tuple[int, int] = (1, 1)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> (xyxy (A, 4) in input pixels, class ids (A,), scores (A,)), one best class per row.
-    `classes`: how many the card names (0: none), which tells a yolov8 output's orientation."""
+    `classes`: how many the card names (0: none), which tells a yolov8 or detr output's orientation;
+    `input_hw`: the network input's size, which a detr output's fractions are of."""
     if layout == "end2end":  # the model's own boxes, best class and score; [6, K] as some tools give it
         rows = output.T if output.shape[0] == 6 and output.shape[1] != 6 else output
         return (rows[:, :4].astype(np.float32), np.rint(rows[:, 5]).astype(np.int64), rows[:, 4].astype(np.float32))
-    if layout == "yolov8":
+    if layout in ("yolov8", "detr"):
         rows = output.T if _anchors_last(output, classes) else output
         boxes, cls = rows[:, :4], rows[:, 4:]
         class_ids = cls.argmax(axis=1)
@@ -29,14 +33,18 @@ def decode_rows(output: np.ndarray, layout: str, classes: int = 0) -> tuple[np.n
         class_ids = cls.argmax(axis=1)
         scores = obj * cls[np.arange(len(cls)), class_ids]
     cx, cy, w, h = boxes.T
+    if layout == "detr":  # fractions of the input's width and height
+        ih, iw = input_hw
+        cx, cy, w, h = cx * iw, cy * ih, w * iw, h * ih
     xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
     return xyxy.astype(np.float32), class_ids.astype(np.int64), scores.astype(np.float32)
 
 
 def _anchors_last(output: np.ndarray, classes: int) -> bool:
-    """Whether a yolov8 output is [4+C, A], as Ultralytics exports it, rather than [A, 4+C], as some
-    tools transpose it: the axis of 4 + the card's labels is the rows, or else the anchors are the
-    longer axis (8,400 at 640 px, 2,100 at 320, against 4 + C)."""
+    """Whether a yolov8 (or detr) output is [4+C, A], as Ultralytics exports a YOLOv8, rather than
+    [A, 4+C], as some tools transpose it and as Ultralytics exports an RT-DETR: the axis of 4 + the
+    card's labels is the rows, or else the anchors (queries) are the longer axis (8,400 at 640 px,
+    2,100 at 320, RT-DETR's 300 queries, against 4 + C)."""
     if classes and (output.shape[0] == 4 + classes) != (output.shape[1] == 4 + classes):
         return output.shape[0] == 4 + classes
     return output.shape[0] <= output.shape[1]
@@ -79,20 +87,20 @@ class Detector(CardPreprocessing):
                                  f"(x1, y1, x2, y2, score, class); output '{self.card.postprocess.output}' is "
                                  f"{list(output.shape)}")
             return
-        per_row = 4 if layout == "yolov8" else 5  # box (+ objectness) before the class scores
-        axis = 0 if layout == "yolov8" and output.ndim == 2 and _anchors_last(output, len(self.card.labels)) else 1
+        per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
+        axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, len(self.card.labels)) else 1
         if output.ndim != 2 or output.shape[axis] <= per_row:
-            want = "[4+C, A] (or [A, 4+C])" if layout == "yolov8" else "[A, 5+C]"
+            want = {"yolov8": "[4+C, A] (or [A, 4+C])", "detr": "[Q, 4+C] (or [4+C, Q])"}.get(layout, "[A, 5+C]")
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}; "
                              f"output '{self.card.postprocess.output}' is {list(output.shape)}")
         check_labels(self.card, output.shape[axis] - per_row, output)
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
         p = self.card.postprocess
-        xyxy, class_ids, scores = decode_rows(output, p.layout, len(self.card.labels))
+        xyxy, class_ids, scores = decode_rows(output, p.layout, len(self.card.labels), self.size)
         sel = scores >= p.threshold
         xyxy, class_ids, scores = xyxy[sel], class_ids[sel], scores[sel]
-        if p.layout == "end2end":  # suppressed by the model: a second NMS could drop boxes it chose to keep
+        if p.layout in ("end2end", "detr"):  # one box per object already: a NMS could drop boxes the model kept
             keep = np.argsort(-scores, kind="stable")[:p.max_detections]
         else:
             keep = classwise_nms(xyxy, class_ids, scores, p.iou)[:p.max_detections]  # best first
