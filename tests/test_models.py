@@ -44,6 +44,12 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
     ("detect", "preprocess: {depth: 16, pad_value: 70000}",
      "'preprocess.pad_value' must be a pixel value, 0-65535 at depth 16, got 70000"),
     ("classify", "postprocess: {output_layout: nhwc}", "'postprocess.output_layout' applies to segment models only"),
+    ("detect", "postprocess: {layout: end2end, output: dets, outputs: [boxes, scores, labels]}",
+     "give 'postprocess.output' or 'postprocess.outputs', not both"),
+    ("detect", "postprocess: {layout: yolov8, outputs: [boxes, scores]}",
+     "'postprocess.outputs' joins two or more outputs into one for a detector's layout end2end or detr"),
+    ("classify", "postprocess: {outputs: [a, b]}", "'postprocess.outputs' joins two or more outputs"),
+    ("detect", "input: {name: images, sizes: images}", "'input.sizes' names the image input 'images'"),
 ])
 def test_a_cards_values_are_checked_naming_the_card(tmp_path: Path, task: str, section: str, message: str) -> None:
     p = tmp_path / "m" / "model.yaml"

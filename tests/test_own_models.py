@@ -1,7 +1,8 @@
 """Users' own ONNX models through the whole pipeline: a multi-class segmenter (class-index mask,
 per-class fractions), a one-map segmenter that outputs logits, a classifier ending in Softmax,
 channels-last models in and out, one-channel (gray) and 16-bit inputs, a segmenter ending in
-ArgMax, an end-to-end detector, a DETR; and the cards that contradict their models, refused with the fix.
+ArgMax, an end-to-end detector, a DETR, a detector that takes image sizes and gives its
+boxes, scores and labels apart; and the cards that contradict their models, refused with the fix.
 
 The models are tiny graphs written here with known arithmetic (a 1x1 convolution that copies the
 colour channels, a global average then Softmax), so what each image must give is known exactly;
@@ -504,8 +505,90 @@ def test_a_model_with_a_second_input_is_refused_at_start_naming_both(own) -> Non
     _save(graph, models / "two" / "two.onnx")
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=r"two.onnx: the model has 2 inputs \('input' \['N', 3, 32, 48\], 'sizes' "
-                                         r"\['N', 3\]\); the worker feeds one"):
+                                         r"\['N', 3\]\); the worker feeds the image tensor and, when the card names "
+                                         r"it, an input of image sizes \(.*name it in input.sizes\)"):
         run_folder(dataclasses.replace(cfg, model="two"), images)
+
+
+
+def _deploy_detector(path: Path) -> None:
+    """As the RT-DETR, D-FINE and DEIM repositories export them: inputs `images` (N, 3, 32, 48) and
+    `orig_target_sizes` (N, 2) int64 (width, height); outputs `labels` (N, 3) int64, `boxes` (N, 3, 4)
+    x1, y1, x2, y2 in the pixels of those sizes, and `scores` (N, 3). Query 0 is a cup over the middle
+    quarter whose score is the image's mean level, query 1 a car at 0.9 over the top-left quarter,
+    query 2 padding."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    unit = np.array([[[0.25, 0.25, 0.75, 0.75], [0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]]], np.float32)
+    inits = [numpy_helper.from_array(unit, "unit"), numpy_helper.from_array(np.array([[0.0, 0.9, 0.0]], np.float32),
+                                                                            "base"),
+             numpy_helper.from_array(np.array([[1.0, 0.0, 0.0]], np.float32), "gate"),
+             numpy_helper.from_array(np.array([[1, 2, 0]], np.int64), "ids"),
+             numpy_helper.from_array(np.array([1], np.int64), "one")]
+    nodes = [helper.make_node("Cast", ["orig_target_sizes"], ["wh"], to=TensorProto.FLOAT),  # (N, 2)
+             helper.make_node("Concat", ["wh", "wh"], ["whwh"], axis=1),  # (N, 4)
+             helper.make_node("Unsqueeze", ["whwh", "one"], ["whwh3"]),  # (N, 1, 4)
+             helper.make_node("Mul", ["unit", "whwh3"], ["boxes"]),  # (N, 3, 4)
+             helper.make_node("ReduceMean", ["images"], ["level"], axes=[1, 2, 3], keepdims=0),  # (N,)
+             helper.make_node("Unsqueeze", ["level", "one"], ["level2"]),  # (N, 1)
+             helper.make_node("Mul", ["level2", "gate"], ["lit"]),
+             helper.make_node("Add", ["lit", "base"], ["scores"]),  # (N, 3)
+             helper.make_node("Cast", ["level2"], ["level_ids"], to=TensorProto.INT64),
+             helper.make_node("Mul", ["level_ids", "zero"], ["nothing"]),  # (N, 1) zeros: the batch's rows
+             helper.make_node("Add", ["nothing", "ids"], ["labels"])]  # (N, 3)
+    inits.append(numpy_helper.from_array(np.array([[0]], np.int64), "zero"))
+    feeds = [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 48]),
+             helper.make_tensor_value_info("orig_target_sizes", TensorProto.INT64, ["N", 2])]
+    outs = [helper.make_tensor_value_info("labels", TensorProto.INT64, ["N", 3]),
+            helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", 3, 4]),
+            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", 3]),
+            helper.make_tensor_value_info("whwh", TensorProto.FLOAT, ["N", 4])]  # not for joining: 4 rows, not 3
+    _save(helper.make_graph(nodes, "deploy", feeds, outs, initializer=inits), path)
+
+
+def test_a_detector_that_takes_sizes_and_gives_boxes_scores_and_labels_apart(own) -> None:
+    """The sizes input gets the network input's (width, height), so the boxes come in input pixels
+    and map back to the original as any detector's; the three outputs make end2end's rows."""
+    cfg, models, images = own
+    folder = models / "deploy"
+    folder.mkdir(parents=True)
+    (folder / "model.yaml").write_text(
+        "name: deploy\ntask: detect\nonnx: deploy.onnx\n"
+        "input: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
+        "preprocess: {color: rgb, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}\n"
+        "postprocess: {outputs: [boxes, scores, labels], layout: end2end, threshold: 0.5}\n"
+        "labels: [person, cup, car]\n")
+    _deploy_detector(folder / "deploy.onnx")
+    cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input
+    cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))
+    assert run_folder(dataclasses.replace(cfg, model="deploy"), images).figures["done"] == 2
+    white = json.loads((cfg.outbox / "white.png.json").read_text())["boxes"]
+    # the cup: 0.25-0.75 of (48, 32) = 12, 8, 36, 24 input pixels, x2 in the original; width and
+    # height swapped would give 8, 12, 24, 36
+    assert [(b["name"], b["xyxy"]) for b in white] == [("cup", [24, 16, 72, 48]), ("car", [0, 0, 48, 32])]
+    assert [b["score"] for b in white] == pytest.approx([1.0, 0.9], abs=1e-3)
+    dark = json.loads((cfg.outbox / "dark.png.json").read_text())["boxes"]
+    assert [b["name"] for b in dark] == ["car"]
+
+
+@pytest.mark.parametrize("outputs, message", [
+    ("[boxes, sizes, labels]", r"no output named 'sizes' \(has \['labels', 'boxes', 'scores', 'whwh'\]\)"),
+    ("[boxes, whwh]", r"outputs 'boxes' \[1, 3, 4\], 'whwh' \[1, 4\] cannot be joined: each must be \(N, K\) or "
+                      r"\(N, K, d\) with the same N and K"),
+])
+def test_outputs_that_cannot_be_joined_stop_the_worker_at_start(own, outputs: str, message: str) -> None:
+    cfg, models, images = own
+    folder = models / "deploy"
+    folder.mkdir(parents=True)
+    (folder / "model.yaml").write_text(
+        "name: deploy\ntask: detect\nonnx: deploy.onnx\n"
+        "input: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
+        f"postprocess: {{outputs: {outputs}, layout: end2end}}\n")
+    _deploy_detector(folder / "deploy.onnx")
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=message):
+        run_folder(dataclasses.replace(cfg, model="deploy"), images)
+    assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
 
 
 def _argmax_segmenter(path: Path, keepdims: int) -> None:

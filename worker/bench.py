@@ -47,6 +47,7 @@ from sqlalchemy import select
 
 from worker.config import Config
 from worker.engine import wanted_providers
+from worker.errors import ConfigError
 from worker.images import decode, widen
 from worker.models.card import Preprocess, find_card
 from worker.models.pull import pull, with_labels
@@ -279,6 +280,10 @@ def _session(path: Path, threads: int | None, providers: list[Any]) -> ort.Infer
 def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, work: Path,
                 say: Callable[[str], None], rounds: int = 3) -> list[CorpusResult]:
     card = with_labels(find_card(cfg.models_dir, model), cfg.cache_dir)
+    if card.input.sizes or card.postprocess.outputs:  # A and B feed one tensor and read one output
+        raise ConfigError(f"model '{model}': worker bench measures models that take the image alone and give one "
+                          f"output; this card names {'a sizes input' if card.input.sizes else 'several outputs'} "
+                          f"(time it with `worker run` and `worker stats`)")
     onnx = pull(card, cfg.cache_dir)
     adapter = adapter_for(card)
     h, w = card.input.size[0], card.input.size[1]

@@ -50,6 +50,20 @@ def default_max_batch(on_gpu: bool) -> int:
     return GPU_MAX_BATCH if on_gpu else 1
 
 
+# a sizes input's element type -> the numpy type it is given
+_SIZE_TYPES: dict[str, type] = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
+
+
+def _joined(outs: list[np.ndarray], names: list[str]) -> np.ndarray:
+    """Outputs (N, K, d) or (N, K) joined along the last axis into (N, K, sum of d) float32: boxes (N, K, 4),
+    scores (N, K) and labels (N, K) make (N, K, 6)."""
+    parts = [(o[..., None] if o.ndim == 2 else o).astype(np.float32) for o in outs]
+    if any(p.ndim != 3 or p.shape[:2] != parts[0].shape[:2] for p in parts):
+        shapes = ", ".join(f"'{nm}' {list(o.shape)}" for nm, o in zip(names, outs))
+        raise ModelError(f"outputs {shapes} cannot be joined: each must be (N, K) or (N, K, d) with the same N and K")
+    return np.concatenate(parts, axis=-1)
+
+
 # the model input's element type -> what the NCHW float32 batch is cast to (None: fed as it is)
 _INPUT_TYPES: dict[str, type | None] = {"tensor(float)": None, "tensor(float16)": np.float16,
                                         "tensor(uint8)": np.uint8}
@@ -77,10 +91,14 @@ def wanted_providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]
 
 class Engine:
     def __init__(self, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, input_name: str = "",
-                 output_name: str = "", layout: str = "nchw", channels: int = 3) -> None:
+                 output_name: str = "", layout: str = "nchw", channels: int = 3, outputs: tuple[str, ...] = (),
+                 sizes_input: str = "") -> None:
         """`layout`: the model input's axis order, nchw or nhwc (TensorFlow exports); `run` takes NCHW
         float32 either way and gives the input the model's layout and element type (float, float16, uint8).
-        `channels`: what the card's preprocessing makes, 1 (gray) or 3 (check_input holds the model to it)."""
+        `channels`: what the card's preprocessing makes, 1 (gray) or 3 (check_input holds the model to it).
+        `outputs`: several outputs that `run` joins along their last axis (a card's `postprocess.outputs`),
+        instead of `output_name`'s one. `sizes_input`: a second input given each image's (width, height),
+        the network input's (a card's `input.sizes`)."""
         if (warning := conflicting_builds(installed_onnxruntime_builds())) is not None:
             log.warning(warning)
         self.device_id = cfg.device_id
@@ -103,17 +121,24 @@ class Engine:
                 f"engine.require_gpu is set but CUDA is not active (active: {', '.join(self.providers)}; "
                 f"available: {', '.join(ort.get_available_providers())})")
         inputs = self.session.get_inputs()
-        outputs = self.session.get_outputs()
-        self.input_name = input_name or inputs[0].name
-        self.output_name = output_name or outputs[0].name
-        if self.input_name not in {i.name for i in inputs}:
-            raise ModelError(f"{onnx_path}: no input named '{self.input_name}' (has {[i.name for i in inputs]})")
-        if self.output_name not in {o.name for o in outputs}:
-            raise ModelError(f"{onnx_path}: no output named '{self.output_name}' (has {[o.name for o in outputs]})")
-        if len(inputs) > 1:  # onnxruntime would refuse every run for the inputs left out
+        model_outputs = self.session.get_outputs()
+        names = [i.name for i in inputs]
+        self.input_name = input_name or (names[0] if names[0] != sizes_input else names[-1])
+        self.output_names = list(outputs) or [output_name or model_outputs[0].name]
+        for name in (self.input_name, *([sizes_input] if sizes_input else [])):
+            if name not in names:
+                raise ModelError(f"{onnx_path}: no input named '{name}' (has {names})")
+        for name in self.output_names:
+            if name not in {o.name for o in model_outputs}:
+                raise ModelError(f"{onnx_path}: no output named '{name}' (has {[o.name for o in model_outputs]})")
+        if set(names) - {self.input_name, sizes_input}:  # onnxruntime would refuse every run for the inputs left out
             listed = ", ".join(f"'{i.name}' {list(i.shape)}" for i in inputs)
-            raise ModelError(f"{onnx_path}: the model has {len(inputs)} inputs ({listed}); the worker feeds one, "
-                             f"the image tensor (models that also take sizes or prompts are not supported)")
+            hint = " (one that takes image sizes, as RT-DETR's orig_target_sizes: name it in input.sizes)" \
+                if len(names) == 2 and not sizes_input else ""
+            raise ModelError(f"{onnx_path}: the model has {len(inputs)} inputs ({listed}); the worker feeds the "
+                             f"image tensor and, when the card names it, an input of image sizes{hint}")
+        self._sizes: tuple[str, type] | None = None if not sizes_input else (sizes_input, _SIZE_TYPES.get(
+            next(i.type for i in inputs if i.name == sizes_input), np.int64))
         model_input = next(i for i in inputs if i.name == self.input_name)
         self.input_shape, self.layout, self.channels = model_input.shape, layout, channels
         first = self.input_shape[0] if self.input_shape else None
@@ -151,21 +176,29 @@ class Engine:
                 raise ModelError(f"model '{name}': card says input {what} {want}, the ONNX file says {dim}")
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16).
+        """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16);
+        with several outputs, them joined along their last axis as float32, an (N, K) one as one column.
 
         A model exported with a fixed batch (say 4) gets its N images and zeros after them, and the
         first N outputs come back: a lone image in watch mode would otherwise fail."""
         n, fixed = len(batch), self.static_batch
         if fixed is not None and n < fixed:
             batch = np.concatenate([batch, np.zeros((fixed - n, *batch.shape[1:]), batch.dtype)])
+        feeds: dict[str, np.ndarray] = {}
+        if self._sizes is not None:  # the network input's (width, height) for every image: boxes in its pixels
+            name, kind = self._sizes
+            feeds[name] = np.tile(np.array([batch.shape[3], batch.shape[2]], kind), (len(batch), 1))
         if self.layout == "nhwc":
             batch = np.ascontiguousarray(batch.transpose(0, 2, 3, 1))
         if self._input_type is np.uint8:  # raw pixels: the card's mean 0 and std 1 leave them 0-255
             batch = np.clip(np.rint(batch), 0, 255).astype(np.uint8)
         elif self._input_type is not None:
             batch = batch.astype(self._input_type)
-        out = self.session.run([self.output_name], {self.input_name: batch})[0][:n]
-        return out.astype(np.float32) if out.dtype == np.float16 else out
+        feeds[self.input_name] = batch
+        outs = [out[:n] for out in self.session.run(self.output_names, feeds)]
+        if len(outs) == 1:
+            return outs[0].astype(np.float32) if outs[0].dtype == np.float16 else outs[0]
+        return _joined(outs, self.output_names)
 
     def warm_up(self, batch_size: int, size_hw: tuple[int, int]) -> None:
         """One run at the largest batch before intake starts, so the first image sees no cold start."""

@@ -51,6 +51,10 @@ class InputSpec:
     size: tuple[int, ...] = (224, 224)  # H, W of the network input
     dynamic_batch: bool = True
     layout: Literal["nchw", "nhwc"] = "nchw"  # nhwc: channels last, as TensorFlow/Keras exports have it
+    # a second input that takes each image's size, (N, 2) width and height (RT-DETR's, D-FINE's and DEIM's
+    # `orig_target_sizes`): it is given the network input's size, so the boxes come in input pixels and
+    # are mapped back to the original like any other model's
+    sizes: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,6 +81,9 @@ class Preprocess:
 @dataclass(frozen=True)
 class Postprocess:
     output: str = ""  # empty: the model's first output
+    # instead of `output`, several outputs joined along their last axis in this order, an (N, K) one as
+    # one column: [boxes, scores, labels] makes layout end2end's (N, K, 6) from a model that gives them apart
+    outputs: tuple[str, ...] = ()
     threshold: float = 0.5  # segment: mask threshold; detect: min score; classify: below => uncertain
     top_k: int = 5
     iou: float = 0.45
@@ -93,6 +100,11 @@ class Postprocess:
     # for a model that ends in Softmax); segment takes the output as probabilities unless told
     # (`sigmoid` for a one-map model that outputs logits; `softmax` over the classes of a multi-class one)
     activation: Literal["softmax", "sigmoid", "none"] | None = None
+
+    @property
+    def named(self) -> str:
+        """The output or outputs the card reads, as messages name them ('' for the model's first)."""
+        return ", ".join(self.outputs) or self.output
 
 
 @dataclass(frozen=True)
@@ -221,6 +233,16 @@ def load_card(path: Path) -> ModelCard:
                           f"got {card.postprocess.max_detections}")
     if card.task != "segment" and card.postprocess.output_layout != "nchw":
         raise ConfigError(f"{path}: 'postprocess.output_layout' applies to segment models only")
+    if card.postprocess.outputs:
+        if card.postprocess.output:
+            raise ConfigError(f"{path}: give 'postprocess.output' or 'postprocess.outputs', not both")
+        p = card.postprocess
+        if card.task != "detect" or p.layout not in ("end2end", "detr") or len(p.outputs) < 2:
+            raise ConfigError(f"{path}: 'postprocess.outputs' joins two or more outputs into one for a detector's "
+                              f"layout end2end or detr; use 'postprocess.output' for one")
+    if card.input.sizes and card.input.sizes == card.input.name:
+        raise ConfigError(f"{path}: 'input.sizes' names the image input '{card.input.name}'; it names the "
+                          f"model's second input, the one that takes image sizes")
     if card.task == "detect" and card.postprocess.activation is not None:
         raise ConfigError(f"{path}: 'postprocess.activation' applies to classify and segment models only")
     return card

@@ -31,7 +31,7 @@ def check_labels(card: ModelCard, classes: int, output: np.ndarray) -> None:
     """The card's labels, when it has any, must name every class the model outputs, and no more."""
     if card.labels and len(card.labels) != classes:
         raise ModelError(f"model '{card.name}': the card lists {len(card.labels)} labels, but output "
-                         f"'{card.postprocess.output}' {tuple(output.shape)} has {classes} classes")
+                         f"'{card.postprocess.named}' {tuple(output.shape)} has {classes} classes")
 
 
 def activate(scores: np.ndarray, activation: str | None, axis: int = 0) -> np.ndarray:

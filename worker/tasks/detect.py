@@ -84,7 +84,7 @@ class Detector(CardPreprocessing):
         if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
             if output.ndim != 2 or 6 not in output.shape:
                 raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as [K, 6] "
-                                 f"(x1, y1, x2, y2, score, class); output '{self.card.postprocess.output}' is "
+                                 f"(x1, y1, x2, y2, score, class); output '{self.card.postprocess.named}' is "
                                  f"{list(output.shape)}")
             return
         per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
@@ -92,7 +92,7 @@ class Detector(CardPreprocessing):
         if output.ndim != 2 or output.shape[axis] <= per_row:
             want = {"yolov8": "[4+C, A] (or [A, 4+C])", "detr": "[Q, 4+C] (or [4+C, Q])"}.get(layout, "[A, 5+C]")
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}; "
-                             f"output '{self.card.postprocess.output}' is {list(output.shape)}")
+                             f"output '{self.card.postprocess.named}' is {list(output.shape)}")
         check_labels(self.card, output.shape[axis] - per_row, output)
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
