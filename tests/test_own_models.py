@@ -47,12 +47,18 @@ def _softmax_classifier(path: Path) -> str:
     return out
 
 
-def _card(models: Path, name: str, body: str, resize: str = "stretch") -> None:
+def _card_file(models: Path, name: str, body: str) -> Path:
+    """models/<name>/model.yaml naming <name>.onnx, with `body` (the rest of the card); returns the folder."""
     folder = models / name
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.yaml").write_text(
-        f"name: {name}\nonnx: {name}.onnx\ninput: {{name: input, size: [32, 48], dynamic_batch: true}}\n"
-        f"preprocess: {{color: rgb, resize: {resize}, mean: [0, 0, 0], std: [255, 255, 255]}}\n{body}\n")
+    (folder / "model.yaml").write_text(f"name: {name}\nonnx: {name}.onnx\n{body}\n")
+    return folder
+
+
+def _card(models: Path, name: str, body: str, resize: str = "stretch") -> None:
+    _card_file(models, name, "input: {name: input, size: [32, 48], dynamic_batch: true}\n"
+                             f"preprocess: {{color: rgb, resize: {resize}, mean: [0, 0, 0], "
+                             f"std: [255, 255, 255]}}\n{body}")
 
 
 def _thirds(path: Path, colors_bgr: list[tuple[int, int, int]], h: int = 60, w: int = 90) -> None:
@@ -208,13 +214,9 @@ def test_a_channels_last_model_of_another_input_type_gets_its_layout_and_type(ow
     from onnx import TensorProto
 
     cfg, models, images = own
-    folder = models / "tf"
-    folder.mkdir(parents=True)
-    (folder / "model.yaml").write_text(
-        "name: tf\nonnx: tf.onnx\ntask: segment\n"
-        "input: {name: input, size: [32, 48], layout: nhwc}\n"
-        f"preprocess: {{color: rgb, resize: stretch, mean: [0, 0, 0], std: [{std}, {std}, {std}]}}\n"
-        "postprocess: {output: logits}\nlabels: [background, leaf, sky]\n")
+    folder = _card_file(models, "tf", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
+                        f"preprocess: {{color: rgb, resize: stretch, mean: [0, 0, 0], std: [{std}, {std}, {std}]}}\n"
+                        "postprocess: {output: logits}\nlabels: [background, leaf, sky]")
     _channels_last_model(folder / "tf.onnx", getattr(TensorProto, elem))
     _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])
     assert run_folder(dataclasses.replace(cfg, model="tf"), images).figures["done"] == 1
@@ -327,14 +329,11 @@ def test_a_16_bit_card_gets_a_12_bit_scans_levels_unrounded(own) -> None:
     assert abs(int(drawn[30, 80, 1]) - 1000 // 256) <= 2  # outside the mask: the scan's top 8 bits
 
 
-def _end2end_detector(path: Path) -> None:
-    """(N, 3, 32, 48) -> (N, 3, 6) rows of x1, y1, x2, y2, score, class in input pixels: a fixed box of
-    class 1 whose score is the image's mean level (0-1), one of class 5 at 0.6, and a padding row."""
+def _rows_model(path: Path, rows: np.ndarray, gate: np.ndarray) -> None:
+    """(N, 3, 32, 48) -> output0 (N, K, d): the fixed `rows` (1, K, d) plus the image's mean level (0-1)
+    wherever `gate` (1, K, d) is 1, so that one score follows the image."""
     from onnx import TensorProto, helper, numpy_helper
 
-    rows = np.array([[[8, 4, 24, 20, 0.0, 1], [30, 10, 46, 30, 0.6, 5], [0, 0, 0, 0, 0, 0]]], np.float32)
-    gate = np.zeros((1, 3, 6), np.float32)
-    gate[0, 0, 4] = 1.0  # the first row's score follows the image
     nodes = [helper.make_node("ReduceMean", ["input"], ["level"], axes=[1, 2, 3], keepdims=1),  # (N, 1, 1, 1)
              helper.make_node("Squeeze", ["level", "axis"], ["level2"]),  # (N, 1, 1)
              helper.make_node("Mul", ["level2", "gate"], ["scored"]),
@@ -342,10 +341,19 @@ def _end2end_detector(path: Path) -> None:
     inits = [numpy_helper.from_array(rows, "rows"), numpy_helper.from_array(gate, "gate"),
              numpy_helper.from_array(np.array([3], np.int64), "axis")]
     image = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 48])
-    graph = helper.make_graph(nodes, "e2e", [image],
-                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 3, 6])],
+    graph = helper.make_graph(nodes, "rows", [image],
+                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", *rows.shape[1:]])],
                               initializer=inits)
     _save(graph, path)
+
+
+def _end2end_detector(path: Path) -> None:
+    """(N, 3, 32, 48) -> (N, 3, 6) rows of x1, y1, x2, y2, score, class in input pixels: a fixed box of
+    class 1 whose score is the image's mean level (0-1), one of class 5 at 0.6, and a padding row."""
+    rows = np.array([[[8, 4, 24, 20, 0.0, 1], [30, 10, 46, 30, 0.6, 5], [0, 0, 0, 0, 0, 0]]], np.float32)
+    gate = np.zeros((1, 3, 6), np.float32)
+    gate[0, 0, 4] = 1.0  # the first row's score follows the image
+    _rows_model(path, rows, gate)
 
 
 def test_an_end_to_end_detector_gives_its_own_boxes_in_the_originals_coordinates(own) -> None:
@@ -379,23 +387,11 @@ def _detr_detector(path: Path) -> None:
     of the input, then the probabilities of 3 classes. Query 0 is a cup whose score is the image's mean
     level (0-1); query 1 nearly the same box, a cup at 0.7; query 2 a car at 0.9; query 3 below any
     threshold."""
-    from onnx import TensorProto, helper, numpy_helper
-
     rows = np.array([[[0.50, 0.50, 0.50, 0.50, 0.0, 0.0, 0.0], [0.52, 0.50, 0.50, 0.50, 0.0, 0.7, 0.0],
                       [0.25, 0.25, 0.25, 0.50, 0.0, 0.0, 0.9], [0.10, 0.10, 0.10, 0.10, 0.1, 0.1, 0.1]]], np.float32)
     gate = np.zeros((1, 4, 7), np.float32)
     gate[0, 0, 5] = 1.0  # query 0's cup follows the image
-    nodes = [helper.make_node("ReduceMean", ["input"], ["level"], axes=[1, 2, 3], keepdims=1),
-             helper.make_node("Squeeze", ["level", "axis"], ["level2"]),  # (N, 1, 1)
-             helper.make_node("Mul", ["level2", "gate"], ["scored"]),
-             helper.make_node("Add", ["scored", "rows"], ["output0"])]
-    inits = [numpy_helper.from_array(rows, "rows"), numpy_helper.from_array(gate, "gate"),
-             numpy_helper.from_array(np.array([3], np.int64), "axis")]
-    image = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 48])
-    graph = helper.make_graph(nodes, "detr", [image],
-                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", 4, 7])],
-                              initializer=inits)
-    _save(graph, path)
+    _rows_model(path, rows, gate)
 
 
 def test_a_detr_gives_one_box_per_query_scaled_from_fractions_of_the_input(own) -> None:
@@ -550,14 +546,11 @@ def test_a_detector_that_takes_sizes_and_gives_boxes_scores_and_labels_apart(own
     """The sizes input gets the network input's (width, height), so the boxes come in input pixels
     and map back to the original as any detector's; the three outputs make end2end's rows."""
     cfg, models, images = own
-    folder = models / "deploy"
-    folder.mkdir(parents=True)
-    (folder / "model.yaml").write_text(
-        "name: deploy\ntask: detect\nonnx: deploy.onnx\n"
-        "input: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
-        "preprocess: {color: rgb, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}\n"
-        "postprocess: {outputs: [boxes, scores, labels], layout: end2end, threshold: 0.5}\n"
-        "labels: [person, cup, car]\n")
+    folder = _card_file(models, "deploy", "task: detect\n"
+                        "input: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
+                        "preprocess: {color: rgb, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}\n"
+                        "postprocess: {outputs: [boxes, scores, labels], layout: end2end, threshold: 0.5}\n"
+                        "labels: [person, cup, car]")
     _deploy_detector(folder / "deploy.onnx")
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input
     cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))
@@ -578,12 +571,9 @@ def test_a_detector_that_takes_sizes_and_gives_boxes_scores_and_labels_apart(own
 ])
 def test_outputs_that_cannot_be_joined_stop_the_worker_at_start(own, outputs: str, message: str) -> None:
     cfg, models, images = own
-    folder = models / "deploy"
-    folder.mkdir(parents=True)
-    (folder / "model.yaml").write_text(
-        "name: deploy\ntask: detect\nonnx: deploy.onnx\n"
-        "input: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
-        f"postprocess: {{outputs: {outputs}, layout: end2end}}\n")
+    folder = _card_file(models, "deploy", "task: detect\n"
+                        "input: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
+                        f"postprocess: {{outputs: {outputs}, layout: end2end}}")
     _deploy_detector(folder / "deploy.onnx")
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=message):
