@@ -125,3 +125,29 @@ def test_d_runs_with_the_benchs_own_objects_out_of_the_collector_and_gives_them_
         assert gc.get_freeze_count() >= len(kept)  # full collections during D do not scan them
         raise RuntimeError("D failed")
     assert gc.get_freeze_count() == 0  # thawed, even after a failure
+
+
+def test_the_bench_feeds_a_users_own_model_as_the_worker_does(tmp_path: Path) -> None:
+    """A channels-last model that takes uint8 pixels: A, B and C each give it its layout and element type
+    (before, A's float32 NCHW tensors stopped the bench with onnxruntime's INVALID_ARGUMENT traceback)."""
+    import yaml
+    from onnx import TensorProto
+
+    from tests.conftest import CACHE
+    from tests.test_own_models import _card_file, _channels_last_model
+    from worker.bench import bench_model
+    from worker.config import load
+
+    models = tmp_path / "models"
+    folder = _card_file(models, "tf", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
+                        "preprocess: {color: rgb, resize: stretch, mean: [0, 0, 0], std: [1, 1, 1]}\n"
+                        "postprocess: {output: logits}\nlabels: [background, leaf, sky]")
+    _channels_last_model(folder / "tf.onnx", TensorProto.UINT8)
+    settings = yaml.safe_load((ROOT / "config.yaml").read_text())  # C runs `worker run` with this config
+    settings.update(models_dir=str(models), cache_dir=str(CACHE))
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(settings))
+    said: list[str] = []
+    (r,) = bench_model(load(tmp_path / "config.yaml"), "tf", (640,), 12, tmp_path / "work", said.append, rounds=1)
+    assert r.model == "tf" and r.images == 12
+    assert min(r.bare_1t, r.bare_parallel, r.naive, r.naive_worker_pre, r.worker, r.steady_p50_ms) > 0
+    assert any(line.startswith("    round 1: A 1 thread ") for line in said)

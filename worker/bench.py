@@ -46,8 +46,7 @@ import onnxruntime as ort
 from sqlalchemy import select
 
 from worker.config import Config
-from worker.engine import wanted_providers
-from worker.errors import ConfigError
+from worker.engine import Engine, wanted_providers
 from worker.images import decode, widen
 from worker.models.card import Preprocess, find_card
 from worker.models.pull import pull, with_labels
@@ -241,13 +240,13 @@ def _create_cost(folder: Path, n: int = 50) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def _mean_rates(one: ort.InferenceSession, name: str, tensors: list[np.ndarray], cores: int,
+def _mean_rates(run: Callable[[np.ndarray], np.ndarray], tensors: list[np.ndarray], cores: int,
                 seconds: float = 1.5) -> tuple[float, float]:
-    """(1-thread rate, rate of `cores` threads running the same 1-thread session at once), img/s,
+    """(1-thread rate, rate of `cores` threads calling the same 1-thread engine's `run` at once), img/s,
     each the mean over `seconds` (a mean, not a best: it stands for the minutes around it)."""
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
-        one.run(None, {name: tensors[n % len(tensors)]})
+        run(tensors[n % len(tensors)])
         n += 1
     single = n / (time.perf_counter() - t0)
     counts = [0] * cores
@@ -255,7 +254,7 @@ def _mean_rates(one: ort.InferenceSession, name: str, tensors: list[np.ndarray],
 
     def loop(i: int) -> None:
         while not stop.is_set():
-            one.run(None, {name: tensors[(i + cores * counts[i]) % len(tensors)]})
+            run(tensors[(i + cores * counts[i]) % len(tensors)])
             counts[i] += 1
 
     threads = [threading.Thread(target=loop, args=(i,), name=f"bench-parallel-{i}") for i in range(cores)]
@@ -269,33 +268,25 @@ def _mean_rates(one: ort.InferenceSession, name: str, tensors: list[np.ndarray],
     return single, sum(counts) / (time.perf_counter() - t0)
 
 
-def _session(path: Path, threads: int | None, providers: list[Any]) -> ort.InferenceSession:
-    opts = ort.SessionOptions()
-    if threads is not None:
-        opts.intra_op_num_threads = threads
-        opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), sess_options=opts, providers=providers)
+def _default_session(path: Path, providers: list[Any]) -> ort.InferenceSession:
+    """A session with onnxruntime's default options, as a user's own loop makes it."""
+    return ort.InferenceSession(str(path), sess_options=ort.SessionOptions(), providers=providers)
 
 
 def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, work: Path,
                 say: Callable[[str], None], rounds: int = 3) -> list[CorpusResult]:
     card = with_labels(find_card(cfg.models_dir, model), cfg.cache_dir)
-    if card.input.sizes or card.postprocess.outputs:  # A and B feed one tensor and read one output
-        raise ConfigError(f"model '{model}': worker bench measures models that take the image alone and give one "
-                          f"output; this card names {'a sizes input' if card.input.sizes else 'several outputs'} "
-                          f"(time it with `worker run` and `worker stats`)")
     onnx = pull(card, cfg.cache_dir)
     adapter = adapter_for(card)
     h, w = card.input.size[0], card.input.size[1]
     cores = os.cpu_count() or 1
-    out_name = card.postprocess.output or None
 
     # A and B on the device C runs on: CUDA when it is really active (onnxruntime-gpu falls back to CPU
-    # without a GPU, saying so once, here)
-    wanted = wanted_providers(cfg.engine)
-    one = _session(onnx, 1, wanted)  # for the limit, re-measured in every round
-    on_gpu = "CUDAExecutionProvider" in one.get_providers()
-    providers: list[Any] = [p for p in wanted if on_gpu or p == "CPUExecutionProvider"]
+    # without a GPU, saying so once, here). Every session is fed and read as `worker run` feeds and reads
+    # the model (its layout, element type, fixed batch, sizes input and outputs: Engine.feeds / outputs)
+    one = Engine.for_card(onnx, cfg.engine, 1, card)  # for the limit, re-measured in every round
+    on_gpu = one.on_gpu
+    providers: list[Any] = [p for p in wanted_providers(cfg.engine) if on_gpu or p == "CPUExecutionProvider"]
     if on_gpu:
         say("  on CUDA: the model does not run on the cores, so the limit (cores over its 1-thread time plus the "
             "stages) does not bound C there; A best, B and C/B are the figures that count")
@@ -304,19 +295,20 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
     x1 = np.random.default_rng(0).standard_normal((8, card.preprocess.channels, h, w)).astype(np.float32)
     bare: dict[tuple[int, int], float] = {}
     for threads in sorted({1, cores}):
-        s = _session(onnx, threads, providers)
-        iname = s.get_inputs()[0].name
+        eng = one if threads == 1 else Engine.for_card(onnx, cfg.engine, threads, card)
         for batch in ((1, 2, 4, 8) if card.input.dynamic_batch else (1,)):
-            s.run(None, {iname: x1[:batch]})
-            bare[(threads, batch)] = _best_rate(lambda b=batch: (s.run(None, {iname: x1[:b]}), b)[1])
+            eng.run(x1[:batch])
+            bare[(threads, batch)] = _best_rate(lambda b=batch: (eng.run(x1[:b]), b)[1])
     bare_1t = bare[(1, 1)]
     (bt, bb), best = max(bare.items(), key=lambda kv: kv[1])
     say(f"  A bare session.run: 1 thread batch 1 {bare_1t:.1f} img/s; best {best:.1f} img/s "
         f"({bt} threads, batch {bb})")
 
-    one_in = one.get_inputs()[0].name
-    session = _session(onnx, None, providers)  # what a user's naive loop gets: onnxruntime's defaults
-    iname = session.get_inputs()[0].name
+    session = _default_session(onnx, providers)  # what a user's naive loop gets
+
+    def naive_run(x: np.ndarray) -> np.ndarray:
+        return one.outputs(session.run(one.output_names, one.feeds(x)), len(x))
+
     results = []
     samples = fetch_samples(cfg.cache_dir)
     for width in widths:
@@ -325,7 +317,7 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         datas = [p.read_bytes() for p in files[:20]]
         imgs = [decode(d, "x", cfg.pipeline.max_pixels, card.preprocess.depth) for d in datas]
         pre = [adapter.preprocess(im) for im in imgs]
-        outs = [session.run([out_name] if out_name else None, {iname: x[None]})[0][0] for x, _ in pre[:5]]
+        outs = [naive_run(x[None])[0] for x, _ in pre[:5]]
         tensors = [x[None] for x, _ in pre]
         size_hw = (card.input.size[0], card.input.size[1])
 
@@ -341,7 +333,7 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             t_pre = _per_item(adapter.preprocess, imgs)
             t_post = _per_item(lambda og: adapter.postprocess(og[0], og[1][1]), list(zip(outs * 4, pre)))
             t_plain = _per_item(plain, imgs)
-            return (*_mean_rates(one, one_in, tensors, cores), t_dec, t_pre, t_post, t_plain)
+            return (*_mean_rates(one.run, tensors, cores), t_dec, t_pre, t_post, t_plain)
 
         # rounds: A's rates and the stage costs are measured right before and right after B and C, so
         # each round's limit holds for the minutes C ran in (this machine's speed drifts by +-20%);
@@ -360,7 +352,7 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
             naive_rates: dict[str, float] = {}
             for which in (("plain", "worker") if k % 2 == 0 else ("worker", "plain")):
                 naive_rates[which] = _naive_loop(files, plain if which == "plain" else adapter.preprocess, adapter,
-                                                 session, iname, out_name, work / f"naive-{which}-{model}-{width}-{k}")
+                                                 naive_run, work / f"naive-{which}-{model}-{width}-{k}")
             run_id, figures = _worker_run(c, folder)
             after = machine()
             db = open_db(c.db)
@@ -465,7 +457,7 @@ def plain_preprocess(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, in
 
 
 def _naive_loop(files: list[Path], preprocess: Callable[[np.ndarray], tuple[np.ndarray, Geometry]], adapter: Any,
-                session: ort.InferenceSession, iname: str, out_name: str | None, out: Path) -> float:
+                run: Callable[[np.ndarray], np.ndarray], out: Path) -> float:
     """Images/s of the sequential loop a user would write: read, preprocess, run, postprocess, write JSON
     (the worker's postprocess: a plain one would be slower still)."""
     out.mkdir(exist_ok=True)
@@ -473,7 +465,7 @@ def _naive_loop(files: list[Path], preprocess: Callable[[np.ndarray], tuple[np.n
     for p in files:
         img = cv2.imread(str(p), cv2.IMREAD_COLOR)
         x, g = preprocess(img)
-        y = session.run([out_name] if out_name else None, {iname: x[None]})[0][0]
+        y = run(x[None])[0]
         r = adapter.postprocess(y, g)
         (out / f"{p.name}.json").write_text(json.dumps(r.summary()))
     return len(files) / (time.perf_counter() - t0)

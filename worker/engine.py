@@ -17,6 +17,7 @@ import onnxruntime as ort
 from worker.config import EngineConfig
 from worker.errors import ModelError, ProviderError
 from worker.gpu import conflicting_builds, installed_onnxruntime_builds
+from worker.models.card import ModelCard
 
 log = logging.getLogger(__name__)
 
@@ -148,6 +149,12 @@ class Engine:
                              f"{', '.join(_INPUT_TYPES)}")
         self._input_type = _INPUT_TYPES[model_input.type]
 
+    @classmethod
+    def for_card(cls, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, card: ModelCard) -> "Engine":
+        """The engine as a model card describes its model's inputs and outputs."""
+        return cls(onnx_path, cfg, intra_op_threads, card.input.name, card.postprocess.output, card.input.layout,
+                   card.preprocess.channels, card.postprocess.outputs, card.input.sizes)
+
     @property
     def on_gpu(self) -> bool:
         return "CUDAExecutionProvider" in self.providers
@@ -177,13 +184,17 @@ class Engine:
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16);
-        with several outputs, them joined along their last axis as float32, an (N, K) one as one column.
+        with several outputs, them joined along their last axis as float32, an (N, K) one as one column."""
+        return self.outputs(self.session.run(self.output_names, self.feeds(batch)), len(batch))
 
-        A model exported with a fixed batch (say 4) gets its N images and zeros after them, and the
-        first N outputs come back: a lone image in watch mode would otherwise fail."""
-        n, fixed = len(batch), self.static_batch
-        if fixed is not None and n < fixed:
-            batch = np.concatenate([batch, np.zeros((fixed - n, *batch.shape[1:]), batch.dtype)])
+    def feeds(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+        """(N, C, H, W) float32 -> what a session of this model takes: the batch in the model's layout and
+        element type, and the sizes input where the card names one (for `run`, and for the bench's
+        sessions of the same model). A model exported with a fixed batch (say 4) gets the N images and
+        zeros after them: a lone image in watch mode would otherwise fail."""
+        fixed = self.static_batch
+        if fixed is not None and len(batch) < fixed:
+            batch = np.concatenate([batch, np.zeros((fixed - len(batch), *batch.shape[1:]), batch.dtype)])
         feeds: dict[str, np.ndarray] = {}
         if self._sizes is not None:  # the network input's (width, height) for every image: boxes in its pixels
             name, kind = self._sizes
@@ -195,7 +206,11 @@ class Engine:
         elif self._input_type is not None:
             batch = batch.astype(self._input_type)
         feeds[self.input_name] = batch
-        outs = [out[:n] for out in self.session.run(self.output_names, feeds)]
+        return feeds
+
+    def outputs(self, outs: list[np.ndarray], n: int) -> np.ndarray:
+        """A session's outputs (`output_names`, in order) -> the first n images' result, as `run` gives it."""
+        outs = [out[:n] for out in outs]
         if len(outs) == 1:
             return outs[0].astype(np.float32) if outs[0].dtype == np.float16 else outs[0]
         return _joined(outs, self.output_names)

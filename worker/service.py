@@ -90,9 +90,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     db = open_db(cfg.db)
     _warn_shared_outbox(db, cfg.outbox, root)
     p = cfg.pipeline
-    engine = Engine(onnx, cfg.engine, cfg.engine.intra_op_threads or DEFAULT_INTRA_OP_THREADS, card.input.name,
-                    card.postprocess.output, card.input.layout, card.preprocess.channels, card.postprocess.outputs,
-                    card.input.sizes)
+    engine = Engine.for_card(onnx, cfg.engine, cfg.engine.intra_op_threads or DEFAULT_INTRA_OP_THREADS, card)
     auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
     size_hw = (card.input.size[0], card.input.size[1])
     engine.check_input(size_hw, card.name)
