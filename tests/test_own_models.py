@@ -486,25 +486,34 @@ def test_the_output_layout_is_told_by_the_axes_that_have_the_inputs_aspect(tmp_p
     assert adapter_for(load_card(tmp_path / "model.yaml"))._looks(np.zeros(shape, np.float32)) == looks
 
 
-def test_a_model_with_a_second_input_is_refused_at_start_naming_both(own) -> None:
-    """RT-DETR-style models also take the image sizes: onnxruntime would refuse each run for it."""
+def _two_input_model(path: Path) -> None:
+    """Inputs `input` (N, 3, 32, 48) and `sizes` (N, 3) float: the colour means times `sizes`."""
     from onnx import TensorProto, helper
 
-    cfg, models, images = own
     nodes = [helper.make_node("ReduceMean", ["input"], ["m"], axes=[2, 3], keepdims=0),
              helper.make_node("Mul", ["m", "sizes"], ["out"])]
     feeds = [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 48]),
              helper.make_tensor_value_info("sizes", TensorProto.FLOAT, ["N", 3])]
-    graph = helper.make_graph(nodes, "two", feeds,
-                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])])
-    _card(models, "two", "task: classify\nlabels: [a, b, c]")
-    _save(graph, models / "two" / "two.onnx")
-    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
-    with pytest.raises(ModelError, match=r"two.onnx: the model has 2 inputs \('input' \['N', 3, 32, 48\], 'sizes' "
-                                         r"\['N', 3\]\); the worker feeds the image tensor and, when the card names "
-                                         r"it, an input of image sizes \(.*name it in input.sizes\)"):
-        run_folder(dataclasses.replace(cfg, model="two"), images)
+    _save(helper.make_graph(nodes, "two", feeds, [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])]),
+          path)
 
+
+@pytest.mark.parametrize("sizes, message", [
+    # RT-DETR-style models also take the image sizes: onnxruntime would refuse each run for the input left out
+    ("", r"two.onnx: the model has 2 inputs \('input' \['N', 3, 32, 48\], 'sizes' \['N', 3\]\); the worker feeds "
+         r"the image tensor and, when the card names it, an input of image sizes \(.*name it in input.sizes\)"),
+    # named, but not an input the worker can fill with (width, height)
+    ("sizes", r"two.onnx: input 'sizes' \(the card's input.sizes\) is tensor\(float\) \['N', 3\]; the worker "
+              r"gives image sizes as \(N, 2\) width and height"),
+])
+def test_a_model_with_a_second_input_the_worker_cannot_fill_is_refused_at_start(own, sizes: str, message: str) -> None:
+    cfg, models, images = own
+    _card_file(models, "two", f"task: classify\ninput: {{name: input, size: [32, 48], sizes: '{sizes}'}}\n"
+                              "labels: [a, b, c]")
+    _two_input_model(models / "two" / "two.onnx")
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=message):
+        run_folder(dataclasses.replace(cfg, model="two"), images)
 
 
 def _deploy_detector(path: Path) -> None:
@@ -579,6 +588,7 @@ def test_outputs_that_cannot_be_joined_stop_the_worker_at_start(own, outputs: st
     with pytest.raises(ModelError, match=message):
         run_folder(dataclasses.replace(cfg, model="deploy"), images)
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
+
 
 
 def _argmax_segmenter(path: Path, keepdims: int) -> None:

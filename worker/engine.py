@@ -52,7 +52,8 @@ def default_max_batch(on_gpu: bool) -> int:
 
 
 # a sizes input's element type -> the numpy type it is given
-_SIZE_TYPES: dict[str, type] = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32}
+_SIZE_TYPES: dict[str, type] = {"tensor(int64)": np.int64, "tensor(int32)": np.int32, "tensor(float)": np.float32,
+                                 "tensor(float16)": np.float16}
 
 
 def _joined(outs: list[np.ndarray], names: list[str]) -> np.ndarray:
@@ -138,8 +139,15 @@ class Engine:
                 if len(names) == 2 and not sizes_input else ""
             raise ModelError(f"{onnx_path}: the model has {len(inputs)} inputs ({listed}); the worker feeds the "
                              f"image tensor and, when the card names it, an input of image sizes{hint}")
-        self._sizes: tuple[str, type] | None = None if not sizes_input else (sizes_input, _SIZE_TYPES.get(
-            next(i.type for i in inputs if i.name == sizes_input), np.int64))
+        self._sizes: tuple[str, type] | None = None
+        if sizes_input:
+            spec = next(i for i in inputs if i.name == sizes_input)
+            fixed_width = spec.shape[-1] if len(spec.shape) == 2 and isinstance(spec.shape[-1], int) else None
+            if spec.type not in _SIZE_TYPES or len(spec.shape) != 2 or fixed_width not in (None, 2):
+                raise ModelError(f"{onnx_path}: input '{sizes_input}' (the card's input.sizes) is {spec.type} "
+                                 f"{list(spec.shape)}; the worker gives image sizes as (N, 2) width and height, "
+                                 f"{', '.join(_SIZE_TYPES)}")
+            self._sizes = (sizes_input, _SIZE_TYPES[spec.type])
         model_input = next(i for i in inputs if i.name == self.input_name)
         self.input_shape, self.layout, self.channels = model_input.shape, layout, channels
         first = self.input_shape[0] if self.input_shape else None
