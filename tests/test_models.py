@@ -50,6 +50,9 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
      "'postprocess.outputs' joins two or more outputs into one for a detector's layout end2end or detr"),
     ("classify", "postprocess: {outputs: [a, b]}", "'postprocess.outputs' joins two or more outputs"),
     ("detect", "input: {name: images, sizes: images}", "'input.sizes' names the image input 'images'"),
+    ("detect", "postprocess: {layout: yolov8, box_format: yxyx}",
+     "'postprocess.box_format' and 'box_units' apply to a detector's layout end2end"),
+    ("classify", "postprocess: {box_units: fractions}", "'postprocess.box_format' and 'box_units' apply"),
 ])
 def test_a_cards_values_are_checked_naming_the_card(tmp_path: Path, task: str, section: str, message: str) -> None:
     p = tmp_path / "m" / "model.yaml"

@@ -1,7 +1,7 @@
 """Users' own ONNX models through the whole pipeline: a multi-class segmenter (class-index mask,
 per-class fractions), a one-map segmenter that outputs logits, a classifier ending in Softmax,
 channels-last models in and out, one-channel (gray) and 16-bit inputs, a segmenter ending in
-ArgMax, an end-to-end detector, a DETR, a detector that takes image sizes and gives its
+ArgMax, end-to-end detectors, a DETR, a detector that takes image sizes and gives its
 boxes, scores and labels apart; and the cards that contradict their models, refused with the fix.
 
 The models are tiny graphs written here with known arithmetic (a 1x1 convolution that copies the
@@ -410,6 +410,24 @@ def test_a_detr_gives_one_box_per_query_scaled_from_fractions_of_the_input(own) 
     assert [b["score"] for b in white] == pytest.approx([1.0, 0.9, 0.7], abs=1e-3)
     dark = json.loads((cfg.outbox / "dark.png.json").read_text())["boxes"]
     assert [b["name"] for b in dark] == ["car", "cup"]  # its first cup scored 20/255, under the threshold
+
+
+
+def test_an_end_to_end_detector_with_y_first_fractions_gets_its_boxes_mapped_back(own) -> None:
+    """TensorFlow's Object Detection API gives y1, x1, y2, x2 as fractions of the input (and 1-based
+    classes): `box_format: yxyx`, `box_units: fractions`; letterboxed, the padding is taken off too."""
+    cfg, models, images = own
+    _card(models, "tfod", "task: detect\npostprocess: {output: output0, layout: end2end, threshold: 0.5, "
+                          "box_format: yxyx, box_units: fractions}\nlabels: [background, cup]", resize="letterbox")
+    rows = np.array([[[0.25, 0.25, 0.75, 0.75, 0.0, 1], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]], np.float32)
+    gate = np.zeros((1, 3, 6), np.float32)
+    gate[0, 0, 4] = 1.0  # the cup's score is the image's mean level
+    _rows_model(models / "tfod" / "tfod.onnx", rows, gate)
+    cv2.imwrite(str(images / "white.png"), np.full((64, 64, 3), 255, np.uint8))  # scale 1/2, 8 px of padding each side
+    assert run_folder(dataclasses.replace(cfg, model="tfod"), images).figures["done"] == 1
+    boxes = json.loads((cfg.outbox / "white.png.json").read_text())["boxes"]
+    # x 0.25-0.75 of 48 = 12-36, less the 8 px of padding, x2; y 0.25-0.75 of 32 = 8-24, x2
+    assert [(b["name"], b["xyxy"]) for b in boxes] == [("cup", [8, 16, 56, 48])]
 
 
 def _keras_segmenter(path: Path, maps: int) -> None:

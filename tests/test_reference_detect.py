@@ -150,6 +150,11 @@ def test_end2end_layout_takes_the_models_own_boxes_without_a_second_nms() -> Non
     np.testing.assert_allclose(det.xyxy[0], [82, 0, 122, 17], atol=1e-4)  # mapped back by -104, clipped
     turned = Detector(card).postprocess(rows.T.copy(), geo)  # [6, K], as some tools transpose it
     assert turned.names == det.names and np.array_equal(turned.xyxy, det.xyxy)
+    for box_format, first in (("yxyx", [101, 82, 121, 122]), ("cxcywh", [21, 40.5, 143, 161.5])):
+        again = dataclasses.replace(card, postprocess=dataclasses.replace(card.postprocess, box_format=box_format))
+        got = Detector(again).postprocess(rows, geo)  # the same rows read another way: y1 x1 y2 x2, or centre and size
+        np.testing.assert_allclose(got.xyxy[0], np.clip(np.array(first, np.float32) - [0, 104, 0, 104], 0, None),
+                                   atol=1e-4)
     with pytest.raises(ModelError, match=r"layout end2end needs one image's output as \[K, 6\].* is \[300, 85\]"):
         Detector(card).check_output(np.zeros((300, 85), np.float32))
     Detector(card).check_output(rows)

@@ -92,6 +92,11 @@ class Postprocess:
     # detr [Q, 4+C] (one box per query, cx, cy, w, h as fractions of the input, then each class's
     # probability; no NMS: Ultralytics' RT-DETR export)
     layout: Literal["yolov5", "yolov8", "end2end", "detr"] = "yolov5"
+    # end2end: how its rows give each box, x1, y1, x2, y2 (xyxy), y1, x1, y2, x2 (yxyx, as TensorFlow's
+    # Object Detection API exports do) or cx, cy, w, h (cxcywh); in input pixels or as fractions of the
+    # input's width and height
+    box_format: Literal["xyxy", "yxyx", "cxcywh"] = "xyxy"
+    box_units: Literal["pixels", "fractions"] = "pixels"
     # segment: where the output's class axis is: nchw (N, C, h, w), or nhwc (N, h, w, C), as a Keras or
     # TensorFlow segmenter gives its maps (a one-map one: (N, h, w, 1))
     output_layout: Literal["nchw", "nhwc"] = "nchw"
@@ -240,6 +245,10 @@ def load_card(path: Path) -> ModelCard:
         if card.task != "detect" or p.layout not in ("end2end", "detr") or len(p.outputs) < 2:
             raise ConfigError(f"{path}: 'postprocess.outputs' joins two or more outputs into one for a detector's "
                               f"layout end2end or detr; use 'postprocess.output' for one")
+    if (card.postprocess.box_format != "xyxy" or card.postprocess.box_units != "pixels") and \
+            (card.task != "detect" or card.postprocess.layout != "end2end"):
+        raise ConfigError(f"{path}: 'postprocess.box_format' and 'box_units' apply to a detector's layout end2end "
+                          f"(the other layouts fix them)")
     if card.input.sizes and card.input.sizes == card.input.name:
         raise ConfigError(f"{path}: 'input.sizes' names the image input '{card.input.name}'; it names the "
                           f"model's second input, the one that takes image sizes")

@@ -14,14 +14,18 @@ from worker.tasks import check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
-def decode_rows(output: np.ndarray, layout: str, classes: int = 0,
-                input_hw: tuple[int, int] = (1, 1)) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def decode_rows(output: np.ndarray, layout: str, classes: int = 0, input_hw: tuple[int, int] = (1, 1),
+                box_format: str = "xyxy", box_units: str = "pixels") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """-> (xyxy (A, 4) in input pixels, class ids (A,), scores (A,)), one best class per row.
     `classes`: how many the card names (0: none), which tells a yolov8 or detr output's orientation;
-    `input_hw`: the network input's size, which a detr output's fractions are of."""
+    `input_hw`: the network input's size, which fractions are of; `box_format` and `box_units`: how an
+    end2end output gives its boxes (the other layouts fix them)."""
     if layout == "end2end":  # the model's own boxes, best class and score; [6, K] as some tools give it
         rows = output.T if output.shape[0] == 6 and output.shape[1] != 6 else output
-        return (rows[:, :4].astype(np.float32), np.rint(rows[:, 5]).astype(np.int64), rows[:, 4].astype(np.float32))
+        boxes = _as_xyxy(rows[:, :4].astype(np.float32), box_format)
+        if box_units == "fractions":
+            boxes *= np.array([input_hw[1], input_hw[0]] * 2, np.float32)
+        return boxes, np.rint(rows[:, 5]).astype(np.int64), rows[:, 4].astype(np.float32)
     if layout in ("yolov8", "detr"):
         rows = output.T if _anchors_last(output, classes) else output
         boxes, cls = rows[:, :4], rows[:, 4:]
@@ -38,6 +42,16 @@ def decode_rows(output: np.ndarray, layout: str, classes: int = 0,
         cx, cy, w, h = cx * iw, cy * ih, w * iw, h * ih
     xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
     return xyxy.astype(np.float32), class_ids.astype(np.int64), scores.astype(np.float32)
+
+
+def _as_xyxy(boxes: np.ndarray, box_format: str) -> np.ndarray:
+    """(K, 4) boxes as xyxy, yxyx or cxcywh -> (K, 4) x1, y1, x2, y2."""
+    if box_format == "yxyx":
+        return boxes[:, [1, 0, 3, 2]]
+    if box_format == "cxcywh":
+        cx, cy, w, h = boxes.T
+        return np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+    return boxes
 
 
 def _anchors_last(output: np.ndarray, classes: int) -> bool:
@@ -97,7 +111,8 @@ class Detector(CardPreprocessing):
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
         p = self.card.postprocess
-        xyxy, class_ids, scores = decode_rows(output, p.layout, len(self.card.labels), self.size)
+        xyxy, class_ids, scores = decode_rows(output, p.layout, len(self.card.labels), self.size, p.box_format,
+                                              p.box_units)
         sel = scores >= p.threshold
         xyxy, class_ids, scores = xyxy[sel], class_ids[sel], scores[sel]
         if p.layout in ("end2end", "detr"):  # one box per object already: a NMS could drop boxes the model kept
