@@ -36,12 +36,9 @@ def decode_rows(output: np.ndarray, layout: str, classes: int = 0, input_hw: tup
         boxes, obj, cls = rows[:, :4], rows[:, 4], rows[:, 5:]
         class_ids = cls.argmax(axis=1)
         scores = obj * cls[np.arange(len(cls)), class_ids]
-    cx, cy, w, h = boxes.T
     if layout == "detr":  # fractions of the input's width and height
-        ih, iw = input_hw
-        cx, cy, w, h = cx * iw, cy * ih, w * iw, h * ih
-    xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
-    return xyxy.astype(np.float32), class_ids.astype(np.int64), scores.astype(np.float32)
+        boxes = boxes * np.array([input_hw[1], input_hw[0]] * 2, boxes.dtype)
+    return _as_xyxy(boxes, "cxcywh").astype(np.float32), class_ids.astype(np.int64), scores.astype(np.float32)
 
 
 def _as_xyxy(boxes: np.ndarray, box_format: str) -> np.ndarray:
