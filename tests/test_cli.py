@@ -17,7 +17,8 @@ from click.testing import CliRunner
 from tests.conftest import CACHE, ROOT, wait_for
 from worker.cli import cli
 
-COMMANDS = ["demo", "watch", "run", "query", "stats", "health", "soak", "bench", "export coco", "models list", "models pull",
+COMMANDS = ["demo", "watch", "run", "query", "stats", "health", "soak", "bench", "export coco", "models list", "models check",
+            "models pull",
             "db upgrade", "db downgrade", "db prune", "retry"]
 
 
@@ -263,3 +264,30 @@ def test_models_list_shows_the_cards_that_load_and_says_what_is_wrong_with_the_r
     assert f"error: {models / 'half' / 'model.yaml'}: not valid YAML" in out.output
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "pull", "nope"])
     assert "no card at" in str(out.exception) and "(known models: half, ppocr-det)" in str(out.exception)
+
+
+def test_models_check_says_what_the_worker_feeds_and_reads_or_why_the_card_is_refused(tmp_path: Path) -> None:
+    """A user's deploy export (images and sizes in; labels, boxes and scores out) is described input by
+    input; a card that contradicts its model fails the check with the reason, as a start would."""
+    from tests.test_own_models import _card_file, _deploy_detector
+    from worker.errors import ModelError
+
+    models = tmp_path / "models"
+    body = ("task: detect\ninput: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
+            "postprocess: {outputs: [boxes, scores, labels], layout: end2end}\n")
+    _deploy_detector(_card_file(models, "deploy", body + "labels: [person, cup, car]") / "deploy.onnx")
+    _deploy_detector(_card_file(models, "wrong", body.replace("outputs: [boxes, scores, labels]",
+                                                                "outputs: [boxes, whwh]")) / "wrong.onnx")
+    conf = _config(tmp_path)
+    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
+    out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "deploy"])
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith(f"model 'deploy' (detect): ok, {models / 'deploy' / 'deploy.onnx'}")
+    for line in ("  input  images tensor(float) ['N', 3, 32, 48]: the image, NCHW",
+                 "  input  orig_target_sizes tensor(int64) ['N', 2]: each image's size",
+                 "  output labels tensor(int64) ['N', 3]: read, joined as part 3 of 3",
+                 "  output boxes tensor(float) ['N', 3, 4]: read, joined as part 1 of 3",
+                 "  output whwh tensor(float) ['N', 4]: not used"):
+        assert line in out.output, out.output
+    out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "wrong"])
+    assert isinstance(out.exception, ModelError) and "cannot be joined" in str(out.exception)

@@ -15,13 +15,16 @@ import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
 
 from worker import config as config_mod
 from worker.config import Config
 from worker.errors import ConfigError, WorkerError
+
+if TYPE_CHECKING:
+    from worker.engine import Engine
 
 log = logging.getLogger("worker")
 
@@ -544,6 +547,7 @@ def models() -> None:
     \b
     Example:
       worker models list
+      worker models check ppocr-det
       worker models pull ppocr-det
     """
 
@@ -573,6 +577,44 @@ def models_list(ctx: click.Context) -> None:
         click.echo(f"error: {e}", err=True)
     if errors:
         sys.exit(1)
+
+
+@models.command("check")
+@click.argument("name")
+@click.pass_context
+def models_check(ctx: click.Context, name: str) -> None:
+    """Load a card's model and hold it to the card as a start would, without taking any image: print
+    the model's inputs and outputs and what the worker feeds and reads; exit 1 with the reason when the
+    card contradicts the model.
+
+    \b
+    Example:
+      worker models check my-yolov8
+    """
+    from worker.service import ready_model
+
+    cfg = _load(ctx)
+    m = ready_model(cfg, name)
+    session = m.engine.session
+    click.echo(f"model '{m.card.name}' ({m.card.task}): ok, {m.onnx}")
+    click.echo(f"  runs on {', '.join(m.engine.providers)}, batches of up to {m.max_batch}")
+    for kind, items in (("input", session.get_inputs()), ("output", session.get_outputs())):
+        for port in items:
+            use = _model_io_use(m.engine, port.name)
+            click.echo(f"  {kind:6s} {port.name} {port.type} {list(port.shape)}{use}")
+    click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
+
+
+def _model_io_use(engine: Engine, name: str) -> str:
+    """What the worker does with one of the model's inputs or outputs, for `models check`."""
+    outs = engine.output_names
+    if name == engine.input_name:
+        return f": the image, {engine.layout.upper()}"
+    if name == engine.sizes_input:
+        return ": each image's size (the network input's width and height)"
+    if name in outs:
+        return ": read" if len(outs) == 1 else f": read, joined as part {outs.index(name) + 1} of {len(outs)}"
+    return ": not used"
 
 
 @models.command("pull")

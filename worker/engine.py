@@ -139,6 +139,7 @@ class Engine:
                 if len(names) == 2 and not sizes_input else ""
             raise ModelError(f"{onnx_path}: the model has {len(inputs)} inputs ({listed}); the worker feeds the "
                              f"image tensor and, when the card names it, an input of image sizes{hint}")
+        self.sizes_input = sizes_input  # "" when the model takes the image alone
         self._sizes: tuple[str, type] | None = None
         if sizes_input:
             spec = next(i for i in inputs if i.name == sizes_input)

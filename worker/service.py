@@ -31,7 +31,7 @@ from worker.status import StatusLog
 from worker.store.db import open_db
 from worker.store.queries import other_roots
 from worker.store.recorder import Recorder, RunInfo
-from worker.tasks import adapter_for
+from worker.tasks import TaskAdapter, adapter_for
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,36 @@ def _warn_shared_outbox(db: sqlalchemy.Engine, outbox: Path, root: Path) -> None
                     "results); give each folder its own --outbox to keep both", outbox, shown)
 
 
+@dataclass(frozen=True)
+class ReadyModel:
+    """A card's model loaded, held to the card and warmed up: what a pipeline runs, or `models check` reports."""
+
+    card: ModelCard  # with its labels read
+    onnx: Path
+    engine: Engine
+    adapter: TaskAdapter
+    max_batch: int  # the largest batch the pipeline runs (the model's fixed batch, else the config's)
+
+
+def ready_model(cfg: Config, name: str) -> ReadyModel:
+    """Find the card, pull its ONNX file, load it, check it against the card, and warm it up at the largest
+    batch with one synthetic image through every stage: a card that contradicts its model fails here
+    (ModelError, ConfigError), before any image is taken."""
+    card: ModelCard = find_card(cfg.models_dir, name)
+    onnx = pull(card, cfg.cache_dir)
+    card = with_labels(card, cfg.cache_dir)
+    engine = Engine.for_card(onnx, cfg.engine, cfg.engine.intra_op_threads or DEFAULT_INTRA_OP_THREADS, card)
+    size_hw = (card.input.size[0], card.input.size[1])
+    engine.check_input(size_hw, card.name)
+    wanted = cfg.pipeline.max_batch or default_max_batch(engine.on_gpu)
+    # a model's fixed batch wins over the card (its batches are padded to it: Engine.run)
+    max_batch = engine.static_batch or (wanted if card.input.dynamic_batch else 1)
+    engine.warm_up(max_batch, size_hw)
+    adapter = adapter_for(card)
+    warm_up_stages(adapter, engine, cfg.pipeline.max_pixels, card.preprocess.depth)
+    return ReadyModel(card, onnx, engine, adapter, max_batch)
+
+
 @contextmanager
 def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None = None,
                   on_finished: Callable[[Job, JobStatus], None] | None = None,
@@ -84,22 +114,12 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     archive = cfg.archive if inputs in ("move", "delete") else None
     _check_dirs(cfg, root, archive)
     stabilize_allocator()
-    card: ModelCard = find_card(cfg.models_dir, cfg.model)
-    onnx = pull(card, cfg.cache_dir)
-    card = with_labels(card, cfg.cache_dir)
+    model = ready_model(cfg, cfg.model)
+    card, engine, adapter, onnx, max_batch = model.card, model.engine, model.adapter, model.onnx, model.max_batch
     db = open_db(cfg.db)
     _warn_shared_outbox(db, cfg.outbox, root)
     p = cfg.pipeline
-    engine = Engine.for_card(onnx, cfg.engine, cfg.engine.intra_op_threads or DEFAULT_INTRA_OP_THREADS, card)
     auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
-    size_hw = (card.input.size[0], card.input.size[1])
-    engine.check_input(size_hw, card.name)
-    wanted = p.max_batch or default_max_batch(engine.on_gpu)
-    # a model's fixed batch wins over the card (its batches are padded to it: Engine.run)
-    max_batch = engine.static_batch or (wanted if card.input.dynamic_batch else 1)
-    engine.warm_up(max_batch, size_hw)
-    adapter = adapter_for(card)
-    warm_up_stages(adapter, engine, p.max_pixels, card.preprocess.depth)
     settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
                         max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                         max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
