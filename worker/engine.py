@@ -140,7 +140,7 @@ class Engine:
             raise ModelError(f"{onnx_path}: the model has {len(inputs)} inputs ({listed}); the worker feeds the "
                              f"image tensor and, when the card names it, an input of image sizes{hint}")
         self.sizes_input = sizes_input  # "" when the model takes the image alone
-        self._sizes: tuple[str, type] | None = None
+        self._sizes_type: type = np.int64  # what the sizes input is given, as the model declares it
         if sizes_input:
             spec = next(i for i in inputs if i.name == sizes_input)
             fixed_width = spec.shape[-1] if len(spec.shape) == 2 and isinstance(spec.shape[-1], int) else None
@@ -148,7 +148,7 @@ class Engine:
                 raise ModelError(f"{onnx_path}: input '{sizes_input}' (the card's input.sizes) is {spec.type} "
                                  f"{list(spec.shape)}; the worker gives image sizes as (N, 2) width and height, "
                                  f"{', '.join(_SIZE_TYPES)}")
-            self._sizes = (sizes_input, _SIZE_TYPES[spec.type])
+            self._sizes_type = _SIZE_TYPES[spec.type]
         model_input = next(i for i in inputs if i.name == self.input_name)
         self.input_shape, self.layout, self.channels = model_input.shape, layout, channels
         first = self.input_shape[0] if self.input_shape else None
@@ -205,9 +205,9 @@ class Engine:
         if fixed is not None and len(batch) < fixed:
             batch = np.concatenate([batch, np.zeros((fixed - len(batch), *batch.shape[1:]), batch.dtype)])
         feeds: dict[str, np.ndarray] = {}
-        if self._sizes is not None:  # the network input's (width, height) for every image: boxes in its pixels
-            name, kind = self._sizes
-            feeds[name] = np.tile(np.array([batch.shape[3], batch.shape[2]], kind), (len(batch), 1))
+        if self.sizes_input:  # the network input's (width, height) for every image: boxes in its pixels
+            feeds[self.sizes_input] = np.tile(np.array([batch.shape[3], batch.shape[2]], self._sizes_type),
+                                              (len(batch), 1))
         if self.layout == "nhwc":
             batch = np.ascontiguousarray(batch.transpose(0, 2, 3, 1))
         if self._input_type is np.uint8:  # raw pixels: the card's mean 0 and std 1 leave them 0-255

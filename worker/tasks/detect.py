@@ -22,23 +22,22 @@ def decode_rows(output: np.ndarray, layout: str, classes: int = 0, input_hw: tup
     end2end output gives its boxes (the other layouts fix them)."""
     if layout == "end2end":  # the model's own boxes, best class and score; [6, K] as some tools give it
         rows = output.T if output.shape[0] == 6 and output.shape[1] != 6 else output
-        boxes = _as_xyxy(rows[:, :4].astype(np.float32), box_format)
-        if box_units == "fractions":
-            boxes *= np.array([input_hw[1], input_hw[0]] * 2, np.float32)
-        return boxes, np.rint(rows[:, 5]).astype(np.int64), rows[:, 4].astype(np.float32)
-    if layout in ("yolov8", "detr"):
-        rows = output.T if _anchors_last(output, classes) else output
-        boxes, cls = rows[:, :4], rows[:, 4:]
+        boxes, class_ids, scores = rows[:, :4], np.rint(rows[:, 5]), rows[:, 4]
+    else:  # YOLO rows and DETR queries: cx, cy, w, h (DETR's as fractions), then the classes' scores
+        box_format, box_units = "cxcywh", "fractions" if layout == "detr" else "pixels"
+        if layout == "yolov5":
+            boxes, obj, cls = output[:, :4], output[:, 4], output[:, 5:]
+        else:
+            rows = output.T if _anchors_last(output, classes) else output
+            boxes, obj, cls = rows[:, :4], None, rows[:, 4:]
         class_ids = cls.argmax(axis=1)
         scores = cls[np.arange(len(cls)), class_ids]
-    else:
-        rows = output
-        boxes, obj, cls = rows[:, :4], rows[:, 4], rows[:, 5:]
-        class_ids = cls.argmax(axis=1)
-        scores = obj * cls[np.arange(len(cls)), class_ids]
-    if layout == "detr":  # fractions of the input's width and height
-        boxes = boxes * np.array([input_hw[1], input_hw[0]] * 2, boxes.dtype)
-    return _as_xyxy(boxes, "cxcywh").astype(np.float32), class_ids.astype(np.int64), scores.astype(np.float32)
+        if obj is not None:
+            scores = obj * scores
+    xyxy = _as_xyxy(boxes.astype(np.float32), box_format)
+    if box_units == "fractions":  # of the input's width and height
+        xyxy = xyxy * np.array([input_hw[1], input_hw[0]] * 2, np.float32)
+    return xyxy, class_ids.astype(np.int64), scores.astype(np.float32)
 
 
 def _as_xyxy(boxes: np.ndarray, box_format: str) -> np.ndarray:
