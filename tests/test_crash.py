@@ -51,11 +51,20 @@ def write_config(tmp: Path) -> Path:
 
 
 def finished_rows(db: Path) -> int:
+    return _count(db, "select count(*) from images where status in ('done','failed')")
+
+
+def runs(db: Path) -> int:
+    """Starts on record: a start's row is written once its signal handlers are in place and it is live."""
+    return _count(db, "select count(*) from runs")
+
+
+def _count(db: Path, sql: str) -> int:
     if not db.exists():
         return 0
     try:
         with sqlite3.connect(db, timeout=30) as c:
-            return c.execute("select count(*) from images where status in ('done','failed')").fetchone()[0]
+            return c.execute(sql).fetchone()[0]
     except sqlite3.OperationalError:
         return 0
 
@@ -121,8 +130,12 @@ def test_watch_survives_kill_9_and_stops_on_sigterm(tmp_path: Path, samples: Pat
     conf = write_config(tmp_path)
     killed = kill_rounds(conf, ["watch"], 4, random.Random(2))
     assert killed >= 3
+    started = runs(tmp_path / "worker.db")
     proc = start(conf, "watch")
     try:
+        # live first: the inbox may be empty already, and a SIGTERM before the worker has set its handler
+        # ends it the default way (exit status -15), which says nothing about its two-stage stop
+        assert wait_for(lambda: runs(tmp_path / "worker.db") > started, 120)
         assert wait_for(lambda: not [p for p in (tmp_path / "inbox").rglob("*") if p.is_file()], 300)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)

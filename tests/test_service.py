@@ -10,8 +10,10 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from sqlalchemy import func, select, update
 
+from worker.errors import ConfigError, ModelError, StoreError
 from worker.service import open_pipeline, run_folder
 from worker.store.db import open_db
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
@@ -293,3 +295,25 @@ def test_batch_size_zero_is_chosen_for_the_device_and_a_set_one_is_kept(cfg, eff
     four = dataclasses.replace(effcfg, pipeline=dataclasses.replace(effcfg.pipeline, max_batch=4))
     with open_pipeline(four, "run", folder) as pipeline:
         assert pipeline.settings.max_batch == 4
+
+
+def test_a_start_checks_the_card_then_the_database_before_the_model(cfg, tmp_path: Path) -> None:
+    """The cheap checks come first: a mistyped model name makes no database; a database that cannot be
+    opened is said before the model is pulled (minutes, the first time) and warmed up."""
+    folder = tmp_path / "images"
+    folder.mkdir()
+    models = tmp_path / "models"
+    (models / "gone").mkdir(parents=True)  # a card whose ONNX file is not there: the model step fails
+    (models / "gone" / "model.yaml").write_text("name: gone\nonnx: gone.onnx\ntask: classify\n"
+                                                "input: {name: input, size: [32, 48]}\n")
+    own = dataclasses.replace(cfg, models_dir=models, model="gone")
+    with pytest.raises(ModelError, match="gone.onnx"):  # the card and database fine: the model's reason
+        run_folder(own, folder)
+    not_a_db = tmp_path / "not-a-database"
+    not_a_db.write_text("some other file")
+    with pytest.raises(StoreError, match="not-a-database"):
+        run_folder(dataclasses.replace(own, db=f"sqlite:///{not_a_db}"), folder)
+    fresh = tmp_path / "fresh.db"
+    with pytest.raises(ConfigError, match="model 'nope': no card"):
+        run_folder(dataclasses.replace(own, model="nope", db=f"sqlite:///{fresh}"), folder)
+    assert not fresh.exists()

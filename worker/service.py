@@ -107,40 +107,45 @@ def ready_model(cfg: Config, name: str) -> ReadyModel:
 def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None = None,
                   on_finished: Callable[[Job, JobStatus], None] | None = None,
                   replay: bool = False) -> Iterator[Pipeline]:
-    """Card, model, database, engine (warmed up), recorder, outbox and pipeline, closed in order.
+    """Card, database, model (pulled, loaded, warmed up), recorder, outbox and pipeline, closed in order.
 
     `inputs`: what becomes of each input once its outcome is committed (None: nothing, nor any wait)."""
     cfg = dataclasses.replace(cfg, outbox=cfg.outbox.absolute())  # as recorded: see _warn_shared_outbox
     archive = cfg.archive if inputs in ("move", "delete") else None
     _check_dirs(cfg, root, archive)
     stabilize_allocator()
-    model = ready_model(cfg, cfg.model)
-    card, engine, adapter, onnx, max_batch = model.card, model.engine, model.adapter, model.onnx, model.max_batch
+    find_card(cfg.models_dir, cfg.model)  # a mistyped model name: refused before a database is made
+    # the cheap checks first: a database that cannot be opened is said before a model is pulled (building
+    # one from its package takes minutes the first time) and warmed up
     db = open_db(cfg.db)
-    _warn_shared_outbox(db, cfg.outbox, root)
-    p = cfg.pipeline
-    auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
-    settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
-                        max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
-                        max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
-                        memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
-                        keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce)
-    log.info("pipeline: %d decode threads, %d inference threads, batches of up to %d", settings.decode_workers,
-             settings.infer_workers, settings.max_batch)
-    recorder = Recorder(db, RunInfo(mode=mode, root=as_text(str(root)), model=card.name, model_sha256=sha256_file(onnx),
-                                    card_sha256=settings_digest(card),
-                                    providers=",".join(engine.providers), config=cfg.as_dict()))
-    o = cfg.outputs
-    outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors)
-    for folder in (cfg.outbox, archive):
-        if folder is not None and (n := remove_temporaries(folder)):
-            log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
     try:
-        with Pipeline(card=card, engine=engine, adapter=adapter, recorder=recorder, outbox=outbox,
-                      db=db, settings=settings, on_finished=on_finished) as pipeline:
-            yield pipeline
+        model = ready_model(cfg, cfg.model)
+        card, engine, adapter, onnx, max_batch = model.card, model.engine, model.adapter, model.onnx, model.max_batch
+        _warn_shared_outbox(db, cfg.outbox, root)
+        p = cfg.pipeline
+        auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
+        settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
+                            max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
+                            max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
+                            memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
+                            keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce)
+        log.info("pipeline: %d decode threads, %d inference threads, batches of up to %d", settings.decode_workers,
+                 settings.infer_workers, settings.max_batch)
+        recorder = Recorder(db, RunInfo(mode=mode, root=as_text(str(root)), model=card.name,
+                                        model_sha256=sha256_file(onnx), card_sha256=settings_digest(card),
+                                        providers=",".join(engine.providers), config=cfg.as_dict()))
+        try:
+            o = cfg.outputs
+            outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors)
+            for folder in (cfg.outbox, archive):
+                if folder is not None and (n := remove_temporaries(folder)):
+                    log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
+            with Pipeline(card=card, engine=engine, adapter=adapter, recorder=recorder, outbox=outbox,
+                          db=db, settings=settings, on_finished=on_finished) as pipeline:
+                yield pipeline
+        finally:
+            recorder.close()
     finally:
-        recorder.close()
         db.dispose()
 
 
