@@ -298,7 +298,11 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
         eng = one if threads == 1 else Engine.for_card(onnx, cfg.engine, threads, card)
         for batch in ((1, 2, 4, 8) if card.input.dynamic_batch else (1,)):
             eng.run(x1[:batch])
-            bare[(threads, batch)] = _best_rate(lambda b=batch: (eng.run(x1[:b]), b)[1])
+
+            def one_call(eng: Engine = eng, b: int = batch) -> int:
+                eng.run(x1[:b])
+                return b
+            bare[(threads, batch)] = _best_rate(one_call)
     bare_1t = bare[(1, 1)]
     (bt, bb), best = max(bare.items(), key=lambda kv: kv[1])
     say(f"  A bare session.run: 1 thread batch 1 {bare_1t:.1f} img/s; best {best:.1f} img/s "

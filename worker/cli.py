@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import click
 
 from worker import config as config_mod
-from worker.config import Config
+from worker.config import Config, Disposition
 from worker.errors import ConfigError, WorkerError
 
 if TYPE_CHECKING:
@@ -29,10 +29,11 @@ if TYPE_CHECKING:
 log = logging.getLogger("worker")
 
 
-def _load(ctx: click.Context, inputs: str | None = None, **overrides: Any) -> Config:
+def _load(ctx: click.Context, inputs: Disposition | None = None, **overrides: Any) -> Config:
     cfg = config_mod.load(ctx.obj["config_path"]).with_overrides(**overrides)
     if inputs is not None:  # --inputs: for the command it is given to (watch or run)
-        cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, **{ctx.command.name: inputs}))
+        field: dict[str, Disposition] = {str(ctx.command.name): inputs}
+        cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, **field))
     return cfg
 
 

@@ -37,7 +37,9 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
             for image_id, payload in c.execute(select(ResultRow.image_id, ResultRow.payload)
                                                .where(ResultRow.image_id.in_([r["id"] for r in rows]))):
                 payloads[image_id] = payload
-    images, annotations, seen = [], [], {}
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
+    seen: dict[int, str] = {}  # class id -> name, as the results name it
     multi_class = False
     for r in rows:
         doc = payloads.get(r["id"], {})
@@ -100,14 +102,14 @@ def _region_shapes(mask: np.ndarray, regions: list[dict[str, Any]], rle: bool = 
 
     The mask's connected parts are labelled again (as when the regions were found) and each region is
     matched to its part by box and pixel count, so a part lying inside another's box is not mixed in."""
-    shapes: dict[int, list[list[int]]] = {}
-    by_class: dict[int, tuple[np.ndarray, dict[tuple[int, ...], int]]] = {}
+    shapes: dict[int, Any] = {}  # COCO polygons, or an RLE dict
+    by_class: dict[int | None, tuple[Any, dict[tuple[int, ...], int]]] = {}  # class (None: one-map mask) -> parts
     for i, region in enumerate(regions):
         cid = region.get("class_id")
         if cid not in by_class:
             binary = ((mask > 0) if cid is None else (mask == cid)).view(np.uint8)
             _, labels, stats, _ = cv2.connectedComponentsWithStats(binary, connectivity=8, ltype=cv2.CV_32S)
-            index = {(int(x), int(y), int(x + w), int(y + h), int(n)): k
+            index: dict[tuple[int, ...], int] = {(int(x), int(y), int(x + w), int(y + h), int(n)): k
                      for k, (x, y, w, h, n) in enumerate(stats) if k}
             by_class[cid] = (labels, index)
         labels, index = by_class[cid]

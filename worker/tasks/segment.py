@@ -50,7 +50,7 @@ def _argmax(planes: Iterator[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     classes = np.zeros(best.shape, np.uint8)
     for k, plane in enumerate(planes, start=1):
         higher = cv2.compare(plane, best, cv2.CMP_GT)  # 255 where strictly higher
-        cv2.max(classes, cv2.bitwise_and(higher, k), dst=classes)
+        cv2.max(classes, cv2.bitwise_and(higher, k), dst=classes)  # type: ignore[call-overload]  # a scalar: fine
         cv2.max(best, plane, dst=best)
     return classes, best
 
