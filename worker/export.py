@@ -110,7 +110,7 @@ def _region_shapes(mask: np.ndarray, regions: list[dict[str, Any]], rle: bool = 
             binary = ((mask > 0) if cid is None else (mask == cid)).view(np.uint8)
             _, labels, stats, _ = cv2.connectedComponentsWithStats(binary, connectivity=8, ltype=cv2.CV_32S)
             index: dict[tuple[int, ...], int] = {(int(x), int(y), int(x + w), int(y + h), int(n)): k
-                     for k, (x, y, w, h, n) in enumerate(stats) if k}
+                                                 for k, (x, y, w, h, n) in enumerate(stats) if k}
             by_class[cid] = (labels, index)
         labels, index = by_class[cid]
         x1, y1, x2, y2 = region["xyxy"]
