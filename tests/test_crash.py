@@ -3,6 +3,7 @@ failed row and one complete set of outputs, and no temporary files remain."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 import signal
 import sqlite3
@@ -63,7 +64,7 @@ def _count(db: Path, sql: str) -> int:
     if not db.exists():
         return 0
     try:
-        with sqlite3.connect(db, timeout=30) as c:
+        with contextlib.closing(sqlite3.connect(db, timeout=30)) as c:  # `with` alone would not close it
             return c.execute(sql).fetchone()[0]
     except sqlite3.OperationalError:
         return 0
@@ -92,7 +93,7 @@ def kill_rounds(conf: Path, args: list[str], rounds: int, rng: random.Random) ->
 
 
 def check_outcome(tmp: Path, rels: list[str]) -> None:
-    with sqlite3.connect(tmp / "worker.db") as c:
+    with contextlib.closing(sqlite3.connect(tmp / "worker.db")) as c:
         rows = c.execute("select rel_path, status, attempts, error from images").fetchall()
     by_rel: dict[str, list] = {}
     for r in rows:

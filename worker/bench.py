@@ -51,7 +51,7 @@ from worker.images import decode, widen
 from worker.models.card import Preprocess, find_card
 from worker.models.pull import pull, with_labels
 from worker.samples import fetch_samples
-from worker.store.db import open_db
+from worker.store.db import database
 from worker.store.queries import run_stats
 from worker.store.schema import ImageRow, TimingRow
 from worker.tasks import adapter_for
@@ -359,9 +359,8 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                                                  naive_run, work / f"naive-{which}-{model}-{width}-{k}")
             run_id, figures = _worker_run(c, folder)
             after = machine()
-            db = open_db(c.db)
-            (st,) = run_stats(db, run_id=run_id, warmup_s=0)
-            db.dispose()
+            with database(c.db) as db:
+                (st,) = run_stats(db, run_id=run_id, warmup_s=0)
             one_t, par, t_dec, t_pre, t_post, t_plain = ((a + b) / 2 for a, b in zip(before, after))
             stages = t_dec + t_pre + t_post
             rnd = _Round(one_t=one_t, parallel=par, stages_ms=(t_dec * 1e3, t_pre * 1e3, t_post * 1e3),
@@ -579,15 +578,11 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
     if failure or not summary or len(finished) != len(datas):
         raise RuntimeError(f"watch-mode latency run incomplete ({len(finished)} of {len(datas)} images)") from (
             failure[0] if failure else None)
-    db = open_db(cfg.db)
-    try:  # the latencies as `worker query` reports them
+    with database(cfg.db) as db, db.connect() as c:  # the latencies as `worker query` reports them
         rows = query_images(db, Filters(run_id=summary[0].run_id, limit=len(datas)))
-        with db.connect() as c:
-            stages = {rel: list(ms) for rel, *ms in c.execute(
-                select(ImageRow.rel_path, *(getattr(TimingRow, f"{s}_ms") for s in STAGES))
-                .join(TimingRow, TimingRow.image_id == ImageRow.id).where(ImageRow.run_id == summary[0].run_id))}
-    finally:
-        db.dispose()
+        stages = {rel: list(ms) for rel, *ms in c.execute(
+            select(ImageRow.rel_path, *(getattr(TimingRow, f"{s}_ms") for s in STAGES))
+            .join(TimingRow, TimingRow.image_id == ImageRow.id).where(ImageRow.run_id == summary[0].run_id))}
     recorded = {r["rel_path"]: r["total_ms"] for r in rows}
     names = [name for name, _ in datas]
     return Steady(pipeline_ms=np.array([recorded[n] for n in names]),

@@ -253,13 +253,14 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
       worker query --status failed --format csv
       worker query --path 'line3/*' --label text --min-score 0.5
     """
-    from worker.store.db import open_db
+    from worker.store.db import database
     from worker.store.queries import Filters, query_images
 
     cfg = _load(ctx, db=db)
     filters = Filters(status=status, path=path_glob, since=_parse_time(since), until=_parse_time(until),
                       run_id=run_id, min_score=min_score, label=label, model=model, limit=limit)
-    rows = query_images(open_db(cfg.db, create=False), filters)
+    with database(cfg.db, create=False) as engine:
+        rows = query_images(engine, filters)
     _emit(rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label", "score", "total_ms",
                       "updated_at", "error"])
 
@@ -279,12 +280,13 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
       worker stats --last 3
       worker stats --run 12 --warmup 10m
     """
-    from worker.store.db import open_db
+    from worker.store.db import database
     from worker.store.queries import run_stats
 
     cfg = _load(ctx, db=db)
     warm = _duration(warmup) if warmup else cfg.metrics.warmup_s
-    runs = run_stats(open_db(cfg.db, create=False), run_id=run_id, last=last, warmup_s=warm)
+    with database(cfg.db, create=False) as engine:
+        runs = run_stats(engine, run_id=run_id, last=last, warmup_s=warm)
     if fmt == "json":
         click.echo(json.dumps(_nan_to_none(runs), indent=1))
         return
@@ -337,12 +339,13 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
       worker health --inbox /srv/scans/in
       worker health --run 12 --format json
     """
-    from worker.store.db import open_db
+    from worker.store.db import database
     from worker.store.queries import run_health
 
     cfg = _load(ctx, db=db, inbox=inbox)
     root = None if run_id is not None else str(cfg.inbox.absolute())
-    h = run_health(open_db(cfg.db, create=False), run_id=run_id, root=root, stall_s=_duration(stalled_after))
+    with database(cfg.db, create=False) as engine:
+        h = run_health(engine, run_id=run_id, root=root, stall_s=_duration(stalled_after))
     if h is None:
         what = f"run {run_id}" if run_id is not None else f"watch run on {root}"
         click.echo(json.dumps({"state": None, "detail": f"no {what} on record"}) if fmt == "json"
@@ -374,12 +377,13 @@ def retry(ctx: click.Context, path_glob: str | None, run_id: int | None, model: 
       worker retry --since 2026-12-01T08:00
     """
     from worker.retry import retry_failed
-    from worker.store.db import open_db
+    from worker.store.db import database
     from worker.store.queries import Filters
 
     cfg = _load(ctx, db=db)
     filters = Filters(path=path_glob, run_id=run_id, model=model, since=_parse_time(since))
-    done = retry_failed(open_db(cfg.db, create=False), filters, archive.absolute() if archive else None)
+    with database(cfg.db, create=False) as engine:
+        done = retry_failed(engine, filters, archive.absolute() if archive else None)
     click.echo(f"{done.reset} failed images: attempts reset; {len(done.moved)} inputs moved back from the "
                f"archive" + (f" ({done.left} not there: process their folder again)" if done.left else ""))
     for src, dst in done.moved:
@@ -520,7 +524,7 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
     from worker.export import coco
     from worker.models.card import find_card
     from worker.models.pull import with_labels
-    from worker.store.db import open_db
+    from worker.store.db import database
     from worker.store.queries import Filters
 
     cfg = _load(ctx, db=db, model=model, outbox=outbox)
@@ -530,7 +534,8 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
                           f"segmentation model's results (--model NAME)")
     card = with_labels(card, cfg.cache_dir)
     filters = Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score, model=card.name, limit=10**9)
-    doc = coco(open_db(cfg.db, create=False), filters, card.labels, card.task, cfg.outbox, rle)
+    with database(cfg.db, create=False) as engine:
+        doc = coco(engine, filters, card.labels, card.task, cfg.outbox, rle)
     if not doc["images"]:
         click.echo(f"note: no done results of model {card.name!r} match", err=True)
     text = json.dumps(doc, indent=1)
@@ -698,17 +703,17 @@ def db_prune(ctx: click.Context, before: str, vacuum: bool, db_url: str | None) 
       worker db prune --before 90d
       worker db prune --before 2026-09-01 --vacuum
     """
-    from worker.store.db import open_db, sqlite_file
+    from worker.store.db import database, sqlite_file
     from worker.store.prune import prune, vacuum as vacuum_db
 
     cfg = _load(ctx, db=db_url)
     cutoff = _cutoff(before)
-    engine = open_db(cfg.db, create=False)
     path = sqlite_file(cfg.db)
-    size_before = path.stat().st_size if path is not None else None
-    done = prune(engine, cutoff)
-    if vacuum:
-        vacuum_db(engine)
+    with database(cfg.db, create=False) as engine:
+        size_before = path.stat().st_size if path is not None else None
+        done = prune(engine, cutoff)
+        if vacuum:
+            vacuum_db(engine)
     click.echo(f"pruned {done.images} images (with their results, labels and timings), {done.samples} memory "
                f"samples and {done.runs} runs from before {cutoff.isoformat(timespec='seconds')}")
     if path is not None and size_before is not None:

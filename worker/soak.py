@@ -15,7 +15,7 @@ from worker.intake.scan import walk
 from worker.jobs import Job, JobStatus
 from worker.metrics import percentiles
 from worker.service import open_pipeline
-from worker.store.db import open_db
+from worker.store.db import database
 from worker.store.queries import run_stats
 
 
@@ -103,11 +103,8 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
         pipeline.finish_or_abandon(stop)
         seconds = time.monotonic() - t0
         run_id, lat = pipeline.recorder.run_id, pipeline.counts.latencies_ms
-    db = open_db(cfg.db)
-    try:
+    with database(cfg.db) as db:
         (stats,) = run_stats(db, run_id=run_id, warmup_s=warm)
-    finally:
-        db.dispose()
     mem = stats["memory"]
     slope = mem.get("slope_mb_per_h", float("nan"))
     late = mem.get("late_slope_mb_per_h", float("nan"))

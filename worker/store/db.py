@@ -139,6 +139,17 @@ def open_db(url: str, create: bool = True) -> Engine:
     return engine
 
 
+@contextlib.contextmanager
+def database(url: str, create: bool = True) -> Iterator[Engine]:
+    """`open_db` for one block (a command, a bench round): its pooled connections are closed at the end,
+    not left to the garbage collector."""
+    engine = open_db(url, create)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
 def database_wide(error: BaseException) -> bool:
     """A failure of the database as a whole (disk full, I/O error, server down or restarting), not of
     one event (a constraint, a bad value): PEP 249's OperationalError or InterfaceError, as the driver
