@@ -149,7 +149,8 @@ def test_the_commands_that_read_the_database_close_it(tmp_path: Path, samples: P
         return [t for fd in Path("/proc/self/fd").iterdir() if (t := _target(fd)).startswith(db)]
 
     assert open_db_files() == []
-    for command in ("query", "stats", "health", "retry", "export coco", "db prune --before 1d"):
+    for command in ("query", "stats", "health", "retry", "export coco", "db prune --before 1d", "db upgrade",
+                    "db downgrade base"):
         gc.disable()
         try:
             out = r.invoke(cli, ["--config", str(conf), *command.split()])

@@ -662,10 +662,11 @@ def db_upgrade(ctx: click.Context, db_url: str | None, revision: str) -> None:
     Example:
       worker db upgrade --db sqlite:///var/worker.db
     """
-    from worker.store.db import make_engine, upgrade
+    from worker.store.db import disposing, make_engine, upgrade
 
     cfg = _load(ctx, db=db_url)
-    upgrade(make_engine(cfg.db), revision)
+    with disposing(make_engine(cfg.db)) as engine:
+        upgrade(engine, revision)
     click.echo(f"{cfg.db}: at revision {revision}")
 
 
@@ -680,10 +681,11 @@ def db_downgrade(ctx: click.Context, revision: str, db_url: str | None) -> None:
     Example:
       worker db downgrade base --db sqlite:///tmp/scratch.db
     """
-    from worker.store.db import downgrade, make_engine
+    from worker.store.db import disposing, downgrade, make_engine
 
     cfg = _load(ctx, db=db_url)
-    downgrade(make_engine(cfg.db), revision)
+    with disposing(make_engine(cfg.db)) as engine:
+        downgrade(engine, revision)
     click.echo(f"{cfg.db}: at revision {revision}")
 
 

@@ -139,11 +139,15 @@ def open_db(url: str, create: bool = True) -> Engine:
     return engine
 
 
+def database(url: str, create: bool = True) -> contextlib.AbstractContextManager[Engine]:
+    """`open_db` for one block (a command, a bench round): see `disposing`."""
+    return disposing(open_db(url, create))
+
+
 @contextlib.contextmanager
-def database(url: str, create: bool = True) -> Iterator[Engine]:
-    """`open_db` for one block (a command, a bench round): its pooled connections are closed at the end,
-    not left to the garbage collector."""
-    engine = open_db(url, create)
+def disposing(engine: Engine) -> Iterator[Engine]:
+    """The engine for one block: its pooled connections are closed at the end, not left open until the
+    garbage collector finds the engine (Python 3.13 then warns of each `unclosed database`)."""
     try:
         yield engine
     finally:
