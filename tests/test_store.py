@@ -13,6 +13,7 @@ import pytest
 from sqlalchemy import func, inspect, select, text
 
 from tests.conftest import image_rows, wait_for
+from worker.errors import StoreError
 from worker.metrics import percentiles, slope_per_hour
 from worker.service import run_folder, watch
 from worker.store.db import downgrade, make_engine, open_db, upgrade
@@ -29,11 +30,45 @@ def test_migrations_upgrade_and_downgrade(tmp_path: Path) -> None:
     with engine.connect() as c:
         assert c.execute(text("PRAGMA journal_mode")).scalar() == "wal"
         assert c.execute(text("PRAGMA busy_timeout")).scalar() >= 1000
+    with pytest.raises(StoreError, match="migration down to nosuch failed: Can't locate revision"):
+        downgrade(engine, "nosuch")  # said in a line, as an upgrade's failure is, not a traceback
     downgrade(engine, "base")
     assert not TABLES & set(inspect(engine).get_table_names())
     upgrade(engine)
     assert TABLES <= set(inspect(engine).get_table_names())
     engine.dispose()
+
+
+def test_migrations_both_ways_keep_the_records_of_a_database_in_use(cfg, tmp_path: Path, samples: Path) -> None:
+    """A downgrade (back to an older worker) and the upgrade after it, on a database with runs, images,
+    results, labels, timings and memory samples: the rebuilt tables keep every row (SQLite drops a
+    table that other rows refer to only with foreign keys off: the downgrade failed, FOREIGN KEY
+    constraint failed), then `base` empties it."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("page.png", "text.png"):
+        shutil.copy(samples / name, folder / name)
+    assert run_folder(cfg, folder).figures["done"] == 2
+    engine = make_engine(cfg.db)
+
+    def counts() -> dict[str, int]:
+        with engine.connect() as c:
+            return {t: c.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in sorted(TABLES)}
+
+    before = counts()
+    assert before["images"] == 2 and before["timings"] == 2 and before["memory_samples"] >= 1
+    downgrade(engine, "0002")
+    assert counts() == before
+    assert not [t for t in inspect(engine).get_table_names() if t.startswith("_alembic_tmp")]
+    upgrade(engine)
+    assert counts() == before
+    with engine.connect() as c:
+        assert c.execute(text("PRAGMA foreign_keys")).scalar() == 1  # on again for what follows
+        assert c.execute(text("PRAGMA foreign_key_check")).all() == []
+    downgrade(engine, "base")
+    assert not TABLES & set(inspect(engine).get_table_names())
+    engine.dispose()
+    assert run_folder(cfg, folder).figures["done"] == 2  # a start migrates the emptied file again
 
 
 def test_the_migrations_build_the_schema_the_models_describe(tmp_path: Path) -> None:

@@ -9,7 +9,8 @@ from typing import Iterator
 
 from alembic import command
 from alembic.config import Config as AlembicConfig
-from sqlalchemy import Engine, create_engine, event
+from alembic.migration import MigrationContext
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
@@ -79,13 +80,44 @@ def alembic_config(engine: Engine) -> AlembicConfig:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     cfg = alembic_config(engine)
     try:
-        with _one_migrator(engine), engine.begin() as conn:
+        with _one_migrator(engine), _migrating(engine) as conn:
             if engine.dialect.name == "postgresql":  # held to the end of the transaction
                 conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
             cfg.attributes["connection"] = conn
             command.upgrade(cfg, revision)
     except Exception as e:
         raise StoreError(f"database {engine.url}: migration to {revision} failed: {e}") from e
+
+
+@contextlib.contextmanager
+def _migrating(engine: Engine) -> Iterator[Connection]:
+    """A connection in a transaction for Alembic. On SQLite, with foreign keys off until it ends: batch
+    mode rebuilds a table (copy, drop, rename), and SQLite drops a table that other rows refer to only
+    with them off (its advice for schema changes, "ALTER TABLE": a downgrade of a database in use failed
+    with `FOREIGN KEY constraint failed`). The rows are checked before the transaction commits."""
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as conn:
+        if sqlite:  # outside any transaction, or SQLite ignores it
+            conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+            conn.commit()
+        try:
+            with conn.begin():
+                was = _revision(conn)
+                yield conn
+                # only after a migration that ran: the check reads every row, and most starts migrate nothing
+                if sqlite and _revision(conn) != was and \
+                        (broken := conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()):
+                    raise StoreError(f"the migration leaves {len(broken)} rows referring to rows that are not "
+                                     f"there (table, row, parent, key: {tuple(broken[0])}, ...)")
+        finally:
+            if sqlite:
+                conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+                conn.commit()
+
+
+def _revision(conn: Connection) -> str | None:
+    """The schema's Alembic revision (None: no schema yet)."""
+    return MigrationContext.configure(conn).get_current_revision()
 
 
 MIGRATION_LOCK_KEY = 0x776F726B  # "work": PostgreSQL advisory lock taken while migrating
@@ -111,9 +143,12 @@ def _one_migrator(engine: Engine) -> Iterator[None]:
 
 def downgrade(engine: Engine, revision: str) -> None:
     cfg = alembic_config(engine)
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.downgrade(cfg, revision)
+    try:
+        with _one_migrator(engine), _migrating(engine) as conn:
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, revision)
+    except Exception as e:
+        raise StoreError(f"database {engine.url}: migration down to {revision} failed: {e}") from e
 
 
 def sqlite_file(url: str) -> Path | None:
