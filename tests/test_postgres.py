@@ -162,6 +162,14 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         with db.connect() as conn:
             assert pruned.images == 4 and conn.scalars(select(ImageRow.rel_path)).all() == ["held.png"]
             assert conn.scalar(select(func.count()).select_from(ResultRow)) == 0
+
+        # migrations both ways on PostgreSQL, with rows in place (they keep them)
+        from worker.store.db import downgrade, upgrade
+
+        downgrade(db, "0002")
+        upgrade(db)
+        with db.connect() as conn:
+            assert conn.scalars(select(ImageRow.rel_path)).all() == ["held.png"]
     finally:
         db.dispose()
 
