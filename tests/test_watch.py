@@ -110,6 +110,33 @@ def test_a_file_renamed_into_place_is_taken_on_its_event(cfg, samples: Path) -> 
     assert grouper.delay == MOVE_PAIRING_S
 
 
+@pytest.mark.parametrize("observer", ["native", "polling"])
+def test_an_inbox_that_is_a_symbolic_link_is_watched_through_it(cfg, samples: Path, tmp_path: Path,
+                                                                 observer: str) -> None:
+    """`/srv/inbox -> /data/inbox`: with the rescan out of reach, only events can submit the files. Before,
+    the native observer got none from such an inbox (inotify, as watchdog asks it, does not follow the
+    link), and its files waited for the rescan. Paths, rows and the archive stay under the link's name."""
+    real = tmp_path / "data-inbox"
+    (real / "sub").mkdir(parents=True)
+    cfg.inbox.parent.mkdir(parents=True, exist_ok=True)
+    cfg.inbox.symlink_to(real)
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, observer=observer, rescan_interval_s=0.0,
+                                                             settle_s=0.3))
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        shutil.copy(samples / "coffee.png", cfg.inbox / "coffee.png")
+        shutil.copy(samples / "rocket.jpg", cfg.inbox / "sub" / "rocket.jpg")
+        (cfg.inbox / "later").mkdir()  # a folder made after the start is watched too
+        time.sleep(0.2)
+        shutil.copy(samples / "chelsea.png", cfg.inbox / "later" / "chelsea.png")
+        assert wait_for(lambda: len(w.finished) >= 3, timeout=60)
+    assert sorted(w.finished) == [("coffee.png", JobStatus.DONE), ("later/chelsea.png", JobStatus.DONE),
+                                  ("sub/rocket.jpg", JobStatus.DONE)]
+    assert sorted(p.relative_to(cfg.archive).as_posix() for p in cfg.archive.rglob("*") if p.is_file()) == [
+        "done/coffee.png", "done/later/chelsea.png", "done/sub/rocket.jpg"]
+    assert cfg.inbox.is_symlink() and not [p for p in real.rglob("*") if p.is_file()]
+
+
 def test_a_second_watcher_on_the_same_inbox_or_outbox_refuses_to_start(cfg, tmp_path: Path) -> None:
     """On one inbox each would take files the other is processing and move them away from under it; into
     one outbox, same-named images from two inboxes would overwrite each other's results."""

@@ -260,26 +260,35 @@ class Intake:
 
 
 class _Handler(FileSystemEventHandler):
-    def __init__(self, intake: Intake) -> None:
-        self.intake = intake
+    """Turns watchdog's events into `Intake.notify` calls, with paths under the intake's root even where
+    the observer watches the folder a symbolic link points to (see `watched_path`)."""
+
+    def __init__(self, intake: Intake, watched: Path) -> None:
+        self.intake, self.watched = intake, watched
+
+    def _path(self, raw: str | bytes) -> Path:
+        path = Path(os.fsdecode(raw))
+        if self.watched != self.intake.root and path.is_relative_to(self.watched):
+            return self.intake.root / path.relative_to(self.watched)
+        return path
 
     def on_created(self, event: FileSystemEvent) -> None:
         if not event.is_directory:
-            self.intake.notify(Path(str(event.src_path)), ready=False)
+            self.intake.notify(self._path(event.src_path), ready=False)
         else:  # a folder moved or copied in: its files may have no events of their own
-            for path in walk(Path(str(event.src_path)), self.intake.extensions):
+            for path in walk(self._path(event.src_path), self.intake.extensions):
                 self.intake.notify(path, ready=False)
 
     def on_modified(self, event: FileSystemEvent) -> None:
         if not event.is_directory:
-            self.intake.notify(Path(str(event.src_path)), ready=False)
+            self.intake.notify(self._path(event.src_path), ready=False)
 
     def on_closed(self, event: FileSystemEvent) -> None:  # close after write (inotify)
         if not event.is_directory:
-            self.intake.notify(Path(str(event.src_path)), ready=True)
+            self.intake.notify(self._path(event.src_path), ready=True)
 
     def on_moved(self, event: FileSystemEvent) -> None:  # renamed into place: complete
-        dest = Path(str(event.dest_path))
+        dest = self._path(event.dest_path)
         if event.is_directory:
             for path in walk(dest, self.intake.extensions):
                 self.intake.notify(path, ready=True)
@@ -287,9 +296,18 @@ class _Handler(FileSystemEventHandler):
             self.intake.notify(dest, ready=True)
 
 
+def watched_path(root: Path) -> Path:
+    """The folder the observer watches: the inbox, or the folder it points to when the inbox itself is a
+    symbolic link (`/srv/inbox -> /data/inbox`). inotify, as watchdog asks it, does not follow a link it
+    is given: no event came from such an inbox, and its files waited for the rescan (30 s by default).
+    Links below the inbox are still not followed."""
+    return root.resolve() if root.is_symlink() else root
+
+
 def start_observer(intake: Intake, kind: str, poll_interval_s: float) -> BaseObserver:
     observer = make_observer(kind, poll_interval_s)
-    observer.schedule(_Handler(intake), str(intake.root), recursive=True)
+    watched = watched_path(intake.root)
+    observer.schedule(_Handler(intake, watched), str(watched), recursive=True)
     observer.start()
     return observer
 
@@ -394,13 +412,13 @@ class WatchedInbox:
         once the limit is raised, watch again (watchdog never retries a folder it could not watch)."""
         if self._observer is None or self._kind != "native":
             return
-        counted = unwatched_folders(self._observer, self.intake.root)
+        counted = unwatched_folders(self._observer, watched_path(self.intake.root))
         if counted is not None and counted[0] and (limit := inotify_limit()) != self._limit:
             self._limit = limit
             self._stop_observer()
             self._observer = start_observer(self.intake, self._kind, self._poll_interval_s)
             self.intake.rescan()  # what landed while no observer ran
-            counted = unwatched_folders(self._observer, self.intake.root)
+            counted = unwatched_folders(self._observer, watched_path(self.intake.root))
             log.warning("%s: fs.inotify.max_user_watches is now %s: watching the inbox again", self.intake.root,
                         self._limit)
         if counted is None or counted[0] == self._unwatched:
