@@ -94,7 +94,8 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
     """A connection in a transaction for Alembic. On SQLite, with foreign keys off until it ends: batch
     mode rebuilds a table (copy, drop, rename), and SQLite drops a table that other rows refer to only
     with them off (its advice for schema changes, "ALTER TABLE": a downgrade of a database in use failed
-    with `FOREIGN KEY constraint failed`). The rows are checked before the transaction commits."""
+    with `FOREIGN KEY constraint failed`). After a migration that ran, the rows are checked before the
+    transaction commits."""
     sqlite = engine.dialect.name == "sqlite"
     with engine.connect() as conn:
         if sqlite:  # outside any transaction, or SQLite ignores it
@@ -102,7 +103,7 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
             conn.commit()
         try:
             with conn.begin():
-                was = _revision(conn)
+                was = _revision(conn) if sqlite else None
                 yield conn
                 # only after a migration that ran: the check reads every row, and most starts migrate nothing
                 if sqlite and _revision(conn) != was and \
