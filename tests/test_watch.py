@@ -137,6 +137,33 @@ def test_an_inbox_that_is_a_symbolic_link_is_watched_through_it(cfg, samples: Pa
     assert cfg.inbox.is_symlink() and not [p for p in real.rglob("*") if p.is_file()]
 
 
+def test_an_inbox_link_pointed_elsewhere_while_watched_is_followed(cfg, samples: Path, tmp_path: Path,
+                                                                   caplog) -> None:
+    """A deployment swaps the link to a new folder (a new link renamed over the old one): the watcher
+    sees the folder replaced, watches the new one through the link and holds its lock."""
+    from worker.locks import flocked
+
+    first, second = tmp_path / "data-1", tmp_path / "data-2"
+    first.mkdir()
+    second.mkdir()
+    cfg.inbox.parent.mkdir(parents=True, exist_ok=True)
+    cfg.inbox.symlink_to(first)
+    cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, rescan_interval_s=0.0, settle_s=0.3))
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        shutil.copy(samples / "coffee.png", cfg.inbox / "before.png")
+        assert wait_for(lambda: len(w.finished) == 1, timeout=60)
+        (tmp_path / "next-link").symlink_to(second)
+        os.replace(tmp_path / "next-link", cfg.inbox)
+        assert wait_for(lambda: "the inbox was replaced" in caplog.text, timeout=30)
+        shutil.copy(samples / "coffee.png", cfg.inbox / "after.png")
+        assert wait_for(lambda: len(w.finished) == 2, timeout=60)
+        with flocked(second, wait=False) as held:
+            assert held is False  # a second watcher on the new folder would refuse to start
+    assert sorted(w.finished) == [("after.png", JobStatus.DONE), ("before.png", JobStatus.DONE)]
+    assert list(second.iterdir()) == []  # its input moved to the archive
+
+
 def test_a_second_watcher_on_the_same_inbox_or_outbox_refuses_to_start(cfg, tmp_path: Path) -> None:
     """On one inbox each would take files the other is processing and move them away from under it; into
     one outbox, same-named images from two inboxes would overwrite each other's results."""
