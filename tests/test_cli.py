@@ -175,8 +175,9 @@ def test_a_models_folder_that_is_not_there_is_said_with_the_fix(tmp_path: Path) 
     at ... (known models: none)`."""
     conf = tmp_path / "config.yaml"
     conf.write_text(f"models_dir: {tmp_path / 'site-packages' / 'models'}\n")
+    (tmp_path / "in").mkdir()
     r = CliRunner()
-    for command in ("models list", f"run {tmp_path}"):
+    for command in ("models list", f"run {tmp_path / 'in'}"):
         out = r.invoke(cli, ["--config", str(conf), *command.split()])
         assert out.exit_code != 0, command
         said = out.output + out.stderr + str(out.exception)  # a start's ConfigError is printed by main()
