@@ -597,10 +597,11 @@ def models_check(ctx: click.Context, name: str) -> None:
     Example:
       worker models check my-yolov8
     """
+    from worker.models.card import find_card
     from worker.service import ready_model
 
     cfg = _load(ctx)
-    m = ready_model(cfg, name)
+    m = ready_model(cfg, find_card(cfg.models_dir, name))
     session = m.engine.session
     click.echo(f"model '{m.card.name}' ({m.card.task}): ok, {m.onnx}")
     click.echo(f"  runs on {', '.join(m.engine.providers)}, batches of up to {m.max_batch}")

@@ -28,7 +28,7 @@ from worker.names import as_text
 from worker.outbox import Outbox, output_rel, remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.status import StatusLog
-from worker.store.db import open_db
+from worker.store.db import database
 from worker.store.queries import other_roots
 from worker.store.recorder import Recorder, RunInfo
 from worker.tasks import TaskAdapter, adapter_for
@@ -84,11 +84,10 @@ class ReadyModel:
     max_batch: int  # the largest batch the pipeline runs (the model's fixed batch, else the config's)
 
 
-def ready_model(cfg: Config, name: str) -> ReadyModel:
-    """Find the card, pull its ONNX file, load it, check it against the card, and warm it up at the largest
-    batch with one synthetic image through every stage: a card that contradicts its model fails here
+def ready_model(cfg: Config, card: ModelCard) -> ReadyModel:
+    """Pull the card's ONNX file, load it, check it against the card, and warm it up at the largest batch
+    with one synthetic image through every stage: a card that contradicts its model fails here
     (ModelError, ConfigError), before any image is taken."""
-    card: ModelCard = find_card(cfg.models_dir, name)
     onnx = pull(card, cfg.cache_dir)
     card = with_labels(card, cfg.cache_dir)
     engine = Engine.for_card(onnx, cfg.engine, cfg.engine.intra_op_threads or DEFAULT_INTRA_OP_THREADS, card)
@@ -114,12 +113,11 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     archive = cfg.archive if inputs in ("move", "delete") else None
     _check_dirs(cfg, root, archive)
     stabilize_allocator()
-    find_card(cfg.models_dir, cfg.model)  # a mistyped model name: refused before a database is made
+    card = find_card(cfg.models_dir, cfg.model)  # a mistyped model name: refused before a database is made
     # the cheap checks first: a database that cannot be opened is said before a model is pulled (building
     # one from its package takes minutes the first time) and warmed up
-    db = open_db(cfg.db)
-    try:
-        model = ready_model(cfg, cfg.model)
+    with database(cfg.db) as db:
+        model = ready_model(cfg, card)
         card, engine, adapter, onnx, max_batch = model.card, model.engine, model.adapter, model.onnx, model.max_batch
         _warn_shared_outbox(db, cfg.outbox, root)
         p = cfg.pipeline
@@ -145,8 +143,6 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                 yield pipeline
         finally:
             recorder.close()
-    finally:
-        db.dispose()
 
 
 def _summary(cfg: Config, pipeline: Pipeline, mode: str, seconds: float) -> Summary:
