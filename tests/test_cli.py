@@ -170,9 +170,8 @@ def _target(fd: Path) -> str:
 
 
 def test_a_models_folder_that_is_not_there_is_said_with_the_fix(tmp_path: Path) -> None:
-    """A plain `pip install .` copies the package without the checkout's models/: its default folder
-    is not there. Before, `models list` printed an empty table (exit 0) and a start said only `no card
-    at ... (known models: none)`."""
+    """A configured models_dir that is not there (a typo, an unmounted share). Before, `models list`
+    printed an empty table (exit 0) and a start said only `no card at ... (known models: none)`."""
     conf = tmp_path / "config.yaml"
     conf.write_text(f"models_dir: {tmp_path / 'site-packages' / 'models'}\n")
     (tmp_path / "in").mkdir()
@@ -181,8 +180,7 @@ def test_a_models_folder_that_is_not_there_is_said_with_the_fix(tmp_path: Path) 
         out = r.invoke(cli, ["--config", str(conf), *command.split()])
         assert out.exit_code != 0, command
         said = out.output + out.stderr + str(out.exception)  # a start's ConfigError is printed by main()
-        assert "is not a folder (install worker from its checkout with `pip install -e .`, or set models_dir" \
-               in said, command
+        assert "is not a folder (set models_dir in the config to a folder of cards, or leave it out" in said, command
 
 
 def test_readers_refuse_a_missing_database_and_run_says_when_it_found_nothing(tmp_path: Path, ppocr_onnx: Path) -> None:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 import tomllib
+import zipfile
+from pathlib import Path
 
-from tests.conftest import ROOT
+import pytest
+
+from tests.conftest import CACHE, ROOT
 
 
 def _canonical(name: str) -> str:
@@ -23,3 +32,68 @@ def test_the_lowest_versions_file_pins_every_lower_bound() -> None:
     lines = [line.strip() for line in (ROOT / "tests" / "lowest-versions.txt").read_text().splitlines()]
     pinned = dict(line.split("==") for line in lines if line and not line.startswith("#"))
     assert {_canonical(name): version for name, version in pinned.items()} == wanted
+
+
+def _worker(site: Path, cwd: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    """`worker ARGS` as a wheel's user runs it: the installed copy only, from a folder of their own."""
+    return subprocess.run([sys.executable, "-m", "worker", *args], cwd=cwd, env=env, text=True,
+                          capture_output=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_a_wheel_carries_its_cards_and_migrations_and_runs_away_from_the_checkout(
+        tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
+    """Before, the wheel held the package alone: installed from it, `models list` said the cards'
+    folder was not there and a start could not migrate its database (both live in the checkout)."""
+    src = tmp_path / "src"  # the tracked files only: a build must not write into the checkout
+    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
+    for name in tracked.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, src / name)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
+                   check=True, timeout=600)
+    wheel = next((tmp_path / "dist").glob("worker-*.whl"))
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "worker").rglob("*.py")}
+    assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
+    shipped = {f"worker/_bundled/{p.relative_to(ROOT).as_posix()}" for p in
+               [*(ROOT / "models").glob("*/model.yaml"), *(ROOT / "migrations").rglob("*") ] if p.is_file()}
+    shipped = {n for n in shipped if "__pycache__" not in n}
+    assert shipped <= names, f"cards or migrations missing from the wheel: {sorted(shipped - names)}"
+
+    site, home, elsewhere = tmp_path / "site", tmp_path / "home", tmp_path / "elsewhere"
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, timeout=600)
+    elsewhere.mkdir()
+    # PYTHONPATH puts the wheel's copy before the editable install of the checkout
+    env = {**os.environ, "PYTHONPATH": str(site), "HOME": str(home), "XDG_CACHE_HOME": ""}
+    env.pop("WORKER_CONFIG", None)
+    where = _worker(site, elsewhere, env, "--help")
+    probe = subprocess.run([sys.executable, "-c", "import worker, worker.config as c; "
+                            "print(worker.__file__); print(c.load(None).models_dir); print(c.load(None).cache_dir)"],
+                           cwd=elsewhere, env=env, text=True, capture_output=True, check=True)
+    package, models_dir, cache_dir = probe.stdout.split()
+    assert where.returncode == 0 and Path(package).is_relative_to(site), probe.stdout
+    assert Path(models_dir) == site / "worker" / "_bundled" / "models"
+    assert Path(cache_dir) == home / ".cache" / "worker"  # not a folder inside site-packages
+
+    listed = _worker(site, elsewhere, env, "models", "list")
+    assert listed.returncode == 0, listed.stderr
+    for name in ("efficientnet-lite0", "ppocr-det", "yolov3-tiny"):
+        assert name in listed.stdout
+
+    inbox = elsewhere / "in"
+    inbox.mkdir()
+    for name in ("chelsea.png", "rocket.jpg"):
+        shutil.copy(samples / name, inbox / name)
+    # the models already built for the other tests, so that this one downloads nothing
+    (elsewhere / "config.yaml").write_text(f"model: efficientnet-lite0\ncache_dir: {CACHE}\n")
+    ran = _worker(site, elsewhere, env, "run", str(inbox))
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert sorted(p.name for p in (elsewhere / "var" / "outbox").iterdir()) == ["chelsea.png.json", "rocket.jpg.json"]
+    assert json.loads((elsewhere / "var" / "outbox" / "chelsea.png.json").read_text())["labels"]
+    asked = _worker(site, elsewhere, env, "db", "upgrade")  # the schema is at the wheel's newest revision
+    assert asked.returncode == 0, asked.stderr
+

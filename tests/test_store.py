@@ -71,6 +71,61 @@ def test_migrations_both_ways_keep_the_records_of_a_database_in_use(cfg, tmp_pat
     assert run_folder(cfg, folder).figures["done"] == 2  # a start migrates the emptied file again
 
 
+HALF_DONE = """revision = '0004'
+down_revision = '0003'
+branch_labels = None
+depends_on = None
+
+from alembic import op
+import sqlalchemy as sa
+
+
+def upgrade() -> None:
+    op.create_table('half_done', sa.Column('id', sa.Integer, primary_key=True))
+    with op.batch_alter_table('runs') as batch_op:  # the table rebuilt: copied, dropped, renamed
+        batch_op.add_column(sa.Column('extra', sa.Integer, nullable=True))
+    op.execute("DELETE FROM timings")
+    raise RuntimeError('the disk filled up half-way')
+
+
+def downgrade() -> None:
+    pass
+"""
+
+
+def test_a_migration_that_fails_half_way_leaves_the_database_as_it_was(cfg, tmp_path: Path, samples: Path,
+                                                                       monkeypatch) -> None:
+    """SQLite ran a migration's DDL outside any transaction (pysqlite begins one only before INSERT,
+    UPDATE or DELETE): one that failed half-way left its new table, its rebuilt table and its deleted
+    rows behind, at the old revision, and the next start failed on the table already there."""
+    import worker.store.db as db
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    shutil.copy(samples / "page.png", folder / "page.png")
+    assert run_folder(cfg, folder).figures["done"] == 1
+    scripts = tmp_path / "migrations"
+    shutil.copytree(db.migrations_dir(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
+    (scripts / "versions" / "0004_half_done.py").write_text(HALF_DONE)
+    monkeypatch.setattr(db, "migrations_dir", lambda: scripts)
+    engine = make_engine(cfg.db)
+
+    def state() -> tuple:
+        with engine.connect() as c:
+            return (sorted(inspect(c).get_table_names()), [col["name"] for col in inspect(c).get_columns("runs")],
+                    {t: c.execute(text(f"SELECT count(*) FROM {t}")).scalar_one() for t in sorted(TABLES)},
+                    c.execute(text("SELECT version_num FROM alembic_version")).scalar_one())
+
+    before = state()
+    for _ in range(2):  # the same failure again: nothing was left behind by the first
+        with pytest.raises(StoreError, match="migration to head failed: the disk filled up half-way"):
+            upgrade(engine)
+        assert state() == before
+    with engine.connect() as c:
+        assert c.execute(text("PRAGMA foreign_keys")).scalar() == 1
+    engine.dispose()
+
+
 def test_the_migrations_build_the_schema_the_models_describe(tmp_path: Path) -> None:
     """Alembic's own comparison: a model changed without a migration (or the reverse) fails here."""
     from alembic.autogenerate import compare_metadata

@@ -21,6 +21,22 @@ from worker.errors import ConfigError
 # The checkout the package is installed from (`pip install -e .`). Its model cards and its model cache
 # are the defaults wherever `worker` starts: a config file elsewhere, or none, still finds them.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Where a wheel carries the checkout's models/ and migrations/ (pyproject.toml maps them in); absent in a
+# checkout, so an editable install reads the checkout's own folders.
+BUNDLED = Path(__file__).resolve().parent / "_bundled"
+
+
+def shipped(name: str) -> Path:
+    """The folder `name` (models, migrations) that comes with worker: a wheel's copy, else the checkout's."""
+    return BUNDLED / name if (BUNDLED / name).is_dir() else PROJECT_ROOT / name
+
+
+def default_cache_dir() -> Path:
+    """The checkout's .cache/worker; installed from a wheel, the user's cache ($XDG_CACHE_HOME/worker or
+    ~/.cache/worker), not a folder inside site-packages."""
+    if not BUNDLED.is_dir():
+        return PROJECT_ROOT / ".cache" / "worker"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "worker"
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 
@@ -102,8 +118,8 @@ class Config:
     archive: Path = Path("var/archive")
     db: str = "sqlite:///var/worker.db"
     model: str = "ppocr-det"
-    models_dir: Path = PROJECT_ROOT / "models"
-    cache_dir: Path = PROJECT_ROOT / ".cache" / "worker"
+    models_dir: Path = field(default_factory=lambda: shipped("models"))
+    cache_dir: Path = field(default_factory=default_cache_dir)
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     watch: WatchConfig = field(default_factory=WatchConfig)
     inputs: InputsConfig = field(default_factory=InputsConfig)

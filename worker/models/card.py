@@ -268,10 +268,10 @@ def find_card(models_dir: Path, name: str) -> ModelCard:
 
 
 def _no_models_dir(models_dir: Path) -> ConfigError:
-    """The cards live in the checkout's models/ (the package is installed from it, `pip install -e .`);
-    a plain `pip install .` copies the package alone, so its default models_dir is not there."""
-    return ConfigError(f"no model cards: {models_dir} is not a folder (install worker from its checkout with "
-                       f"`pip install -e .`, or set models_dir in the config to a folder of cards)")
+    """The default models_dir (the checkout's models/, or a wheel's copy) is always there; a configured one
+    may not be (a typo, an unmounted share)."""
+    return ConfigError(f"no model cards: {models_dir} is not a folder (set models_dir in the config to a "
+                       f"folder of cards, or leave it out for the cards that come with worker)")
 
 
 def list_cards(models_dir: Path) -> tuple[list[ModelCard], list[ConfigError]]:

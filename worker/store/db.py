@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from worker.config import PROJECT_ROOT
+from worker.config import shipped
 from worker.errors import StoreError
 from worker.locks import flocked
 from worker.mounts import network_filesystem
@@ -25,11 +25,12 @@ BUSY_TIMEOUT_MS = 30_000
 
 
 def migrations_dir() -> Path:
-    """`migrations/` at the project root (the package is installed from a checkout)."""
-    here = PROJECT_ROOT / "migrations"
+    """The Alembic scripts: the checkout's `migrations/`, or a wheel's copy of it."""
+    here = shipped("migrations")
     if (here / "env.py").exists():
         return here
-    raise StoreError(f"migrations folder not found at {here}; install worker from its checkout (pip install -e .)")
+    raise StoreError(f"migrations folder not found at {here}; reinstall worker (pip install -e . from its "
+                     f"checkout, or a wheel built from it)")
 
 
 def _parse(url: str) -> URL:
@@ -95,7 +96,12 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
     mode rebuilds a table (copy, drop, rename), and SQLite drops a table that other rows refer to only
     with them off (its advice for schema changes, "ALTER TABLE": a downgrade of a database in use failed
     with `FOREIGN KEY constraint failed`). After a migration that ran, the rows are checked before the
-    transaction commits."""
+    transaction commits.
+
+    pysqlite begins a transaction only before INSERT, UPDATE or DELETE, so a migration's CREATE, DROP
+    and ALTER ran outside one: a migration failing half-way left its new tables and rebuilt ones
+    behind. The transaction is begun here explicitly (IMMEDIATE: the write lock from the start, no
+    other writer between the revision read and the DDL), and SQLite rolls DDL back like any change."""
     sqlite = engine.dialect.name == "sqlite"
     with engine.connect() as conn:
         if sqlite:  # outside any transaction, or SQLite ignores it
@@ -103,6 +109,8 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
             conn.commit()
         try:
             with conn.begin():
+                if sqlite:  # pysqlite then sees a transaction open and commits or rolls it back at the end
+                    conn.exec_driver_sql("BEGIN IMMEDIATE")
                 was = _revision(conn) if sqlite else None
                 yield conn
                 # only after a migration that ran: the check reads every row, and most starts migrate nothing
@@ -127,9 +135,10 @@ MIGRATION_LOCK_KEY = 0x776F726B  # "work": PostgreSQL advisory lock taken while 
 @contextlib.contextmanager
 def _one_migrator(engine: Engine) -> Iterator[None]:
     """Two processes starting on a new SQLite file at once (two watchers sharing a database, a query
-    beside a starting worker) would both create the tables, and the second would fail. pysqlite does
-    not put DDL in a transaction, so the migration holds an exclusive flock on `<database>-migrate.lock`
-    beside it. Not on the database file: closing any descriptor of that file drops every POSIX lock
+    beside a starting worker) would both create the tables, and the second would fail. The migration
+    holds an exclusive flock on `<database>-migrate.lock` beside it: its transaction's write lock alone
+    would make the second wait no longer than the busy timeout, where rebuilding a large table may take
+    minutes. Not on the database file: closing any descriptor of that file drops every POSIX lock
     SQLite holds on it in this process. Not on its folder: that may be a watched inbox, whose lock
     `worker watch` holds for as long as it runs."""
     path = engine.url.database if engine.dialect.name == "sqlite" else None
