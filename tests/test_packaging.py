@@ -45,12 +45,16 @@ def test_a_wheel_carries_its_cards_and_migrations_and_runs_away_from_the_checkou
         tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
     """Before, the wheel held the package alone: installed from it, `models list` said the cards'
     folder was not there and a start could not migrate its database (both live in the checkout)."""
-    src = tmp_path / "src"  # the tracked files only: a build must not write into the checkout
-    tracked = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, check=True, capture_output=True).stdout
-    for name in tracked.decode().split("\0"):
-        if name and (ROOT / name).is_file():
-            (src / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, src / name)
+    src = tmp_path / "src"  # a copy: a build must not write into the checkout
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True)
+    if listed.returncode == 0:  # the tracked files only
+        for name in listed.stdout.decode().split("\0"):
+            if name and (ROOT / name).is_file():
+                (src / name).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(ROOT / name, src / name)
+    else:  # not a git checkout (an unpacked archive)
+        shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "var", "build", "dist",
+                                                                "*.egg-info", "__pycache__", ".pytest_cache"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
                    check=True, timeout=600)
     wheel = next((tmp_path / "dist").glob("worker-*.whl"))
