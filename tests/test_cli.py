@@ -18,10 +18,11 @@ from click.testing import CliRunner
 
 from tests.conftest import CACHE, ROOT, wait_for
 from worker.cli import cli
+from worker.config import Config
 
 COMMANDS = ["demo", "watch", "run", "query", "stats", "health", "soak", "bench", "export coco", "models list", "models check",
             "models pull",
-            "db upgrade", "db downgrade", "db prune", "retry"]
+            "db upgrade", "db downgrade", "db prune", "retry", "config"]
 
 
 def _leaf_commands(group=cli, prefix=""):
@@ -346,3 +347,31 @@ def test_models_check_says_what_the_worker_feeds_and_reads_or_why_the_card_is_re
         assert line in out.output, out.output
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "wrong"])
     assert isinstance(out.exception, ModelError) and "cannot be joined" in str(out.exception)
+
+
+def test_config_shows_what_is_in_effect_and_where_it_came_from(tmp_path: Path, monkeypatch) -> None:
+    conf = tmp_path / "line3.yaml"
+    conf.write_text("inbox: scans\npipeline:\n  queue_size: 8\noutputs: {overlays: true}\n"
+                    "db: postgresql+psycopg://worker:s3cret@db.local/line3\n")
+    r = CliRunner()
+    out = r.invoke(cli, ["--config", str(conf), "config"])
+    assert out.exit_code == 0, out.output
+    lines = out.output.splitlines()
+    assert lines[0] == f"config file: {conf}"
+    assert f"* inbox: {tmp_path / 'scans'}" in lines and "* pipeline.queue_size: 8" in lines
+    assert "* outputs.overlays: true" in lines and "  outputs.json: true" in lines
+    assert f"  outbox: {tmp_path / 'var' / 'outbox'}" in lines and "  pipeline.max_batch: 0" in lines
+    assert "* db: postgresql+psycopg://worker:***@db.local/line3" in lines and "s3cret" not in out.output
+    assert len(lines) == 1 + len([k for k in Config().as_dict() if k != "source"])  # every key, once
+    monkeypatch.chdir(tmp_path)  # no ./config.yaml there
+    monkeypatch.delenv("WORKER_CONFIG", raising=False)
+    out = r.invoke(cli, ["config"])
+    assert out.output.splitlines()[0] == f"config file: none (the defaults; relative paths from {tmp_path})"
+    assert "*" not in out.output and "  pipeline.queue_size: 64" in out.output
+    monkeypatch.setenv("WORKER_CONFIG", str(conf))
+    assert r.invoke(cli, ["config"]).output.splitlines()[0] == f"config file: {conf}"
+    conf.write_text("pipeline:\n  queue_size: -1\n")
+    out = r.invoke(cli, ["config"])
+    assert out.exit_code != 0 and f"{conf}: 'pipeline.queue_size' must be a non-negative integer" in str(out.exception)
+    template = r.invoke(cli, ["config", "--template"])
+    assert template.exit_code == 0 and template.output == (ROOT / "config.yaml").read_text()

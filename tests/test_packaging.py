@@ -63,9 +63,10 @@ def test_a_wheel_carries_its_cards_and_migrations_and_runs_away_from_the_checkou
     modules = {p.relative_to(ROOT).as_posix() for p in (ROOT / "worker").rglob("*.py")}
     assert modules <= names, f"modules missing from the wheel: {sorted(modules - names)}"
     shipped = {f"worker/_bundled/{p.relative_to(ROOT).as_posix()}" for p in
-               [*(ROOT / "models").glob("*/model.yaml"), *(ROOT / "migrations").rglob("*") ] if p.is_file()}
+               [ROOT / "config.yaml", *(ROOT / "models").glob("*/model.yaml"), *(ROOT / "migrations").rglob("*")]
+               if p.is_file()}
     shipped = {n for n in shipped if "__pycache__" not in n}
-    assert shipped <= names, f"cards or migrations missing from the wheel: {sorted(shipped - names)}"
+    assert shipped <= names, f"config template, cards or migrations missing from the wheel: {sorted(shipped - names)}"
 
     site, home, elsewhere = tmp_path / "site", tmp_path / "home", tmp_path / "elsewhere"
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(wheel)],
@@ -83,6 +84,8 @@ def test_a_wheel_carries_its_cards_and_migrations_and_runs_away_from_the_checkou
     assert Path(models_dir) == site / "worker" / "_bundled" / "models"
     assert Path(cache_dir) == home / ".cache" / "worker"  # not a folder inside site-packages
 
+    template = _worker(site, elsewhere, env, "config", "--template")
+    assert template.returncode == 0 and template.stdout == (ROOT / "config.yaml").read_text()
     listed = _worker(site, elsewhere, env, "models", "list")
     assert listed.returncode == 0, listed.stderr
     for name in ("efficientnet-lite0", "ppocr-det", "yolov3-tiny"):

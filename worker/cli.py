@@ -487,6 +487,41 @@ def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], 
         json_out.write_text(json.dumps(as_dicts(results), indent=1))
 
 
+@cli.command("config")
+@click.option("--template", is_flag=True, help="Print the documented config.yaml that comes with worker instead.")
+@click.pass_context
+def config_cmd(ctx: click.Context, template: bool) -> None:
+    """Show the configuration in effect: the file it comes from (--config, $WORKER_CONFIG or
+    ./config.yaml) and every key's value, relative paths resolved (a database password as ***); *
+    marks the keys the file sets. A file with an error is refused naming the key, as a start would be
+    (exit status 2). --template prints the documented
+    config.yaml (every key, its default and a comment) to start a file from.
+
+    \b
+    Example:
+      worker --config /srv/line3/config.yaml config
+      worker config --template > /srv/line3/config.yaml
+    """
+    if template:
+        click.echo(config_mod.template(), nl=False)
+        return
+    path = ctx.obj["config_path"]
+    _, keys = config_mod.in_effect(path)
+    click.echo(f"config file: {path.absolute()}" if path is not None else
+               f"config file: none (the defaults; relative paths from {Path.cwd()})")
+    for key, value, given in keys:
+        click.echo(f"{'*' if given else ' '} {key}: {_yaml_value(value)}")
+
+
+def _yaml_value(value: Any) -> str:
+    """A value as config.yaml writes it: true/false, [a, b], numbers and text as they are."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ", ".join(map(_yaml_value, value)) + "]"
+    return str(value)
+
+
 @cli.group()
 def export() -> None:
     """Export results in other formats.

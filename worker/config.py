@@ -27,8 +27,9 @@ BUNDLED = Path(__file__).resolve().parent / "_bundled"
 
 
 def shipped(name: str) -> Path:
-    """The folder `name` (models, migrations) that comes with worker: a wheel's copy, else the checkout's."""
-    return BUNDLED / name if (BUNDLED / name).is_dir() else PROJECT_ROOT / name
+    """The folder or file `name` (models, migrations, config.yaml) that comes with worker: a wheel's copy,
+    else the checkout's."""
+    return BUNDLED / name if (BUNDLED / name).exists() else PROJECT_ROOT / name
 
 
 def default_cache_dir() -> Path:
@@ -166,6 +167,31 @@ def default_config_path() -> Path | None:
         return Path(env)
     here = Path("config.yaml")
     return here if here.exists() else None
+
+
+def template() -> str:
+    """The documented config.yaml that comes with worker: every key with its default and a comment."""
+    return shipped("config.yaml").read_text(encoding="utf-8")
+
+
+def in_effect(path: Path | None) -> tuple[Config, list[tuple[str, Any, bool]]]:
+    """The configuration `path` gives (None: the defaults) and each key as (name, value, set in the file),
+    for `worker config`. A file with an error raises the ConfigError a start would."""
+    cfg = load(path)
+    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) if path is not None else None
+    given = set(_flatten(raw)) if isinstance(raw, dict) else set()
+    shown = {**cfg.as_dict(), "db": _without_password(cfg.db)}  # printed, perhaps pasted into a ticket
+    return cfg, [(key, value, key in given) for key, value in shown.items() if key != "source"]
+
+
+def _without_password(url: str) -> str:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:  # said when the database is opened
+        return url
 
 
 def load(path: Path | None) -> Config:
