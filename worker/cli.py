@@ -494,8 +494,8 @@ def config_cmd(ctx: click.Context, template: bool) -> None:
     """Show the configuration in effect: the file it comes from (--config, $WORKER_CONFIG or
     ./config.yaml) and every key's value, relative paths resolved (a database password as ***); *
     marks the keys the file sets. A file with an error is refused naming the key, as a start would be
-    (exit status 2). --template prints the documented
-    config.yaml (every key, its default and a comment) to start a file from.
+    (exit status 2). --template prints the documented config.yaml (every key, its default and a
+    comment) to start a file from.
 
     \b
     Example:
@@ -506,7 +506,7 @@ def config_cmd(ctx: click.Context, template: bool) -> None:
         click.echo(config_mod.template(), nl=False)
         return
     path = ctx.obj["config_path"]
-    _, keys = config_mod.in_effect(path)
+    keys = config_mod.in_effect(path)
     click.echo(f"config file: {path.absolute()}" if path is not None else
                f"config file: none (the defaults; relative paths from {Path.cwd()})")
     for key, value, given in keys:

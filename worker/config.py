@@ -21,8 +21,8 @@ from worker.errors import ConfigError
 # The checkout the package is installed from (`pip install -e .`). Its model cards and its model cache
 # are the defaults wherever `worker` starts: a config file elsewhere, or none, still finds them.
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
-# Where a wheel carries the checkout's models/ and migrations/ (pyproject.toml maps them in); absent in a
-# checkout, so an editable install reads the checkout's own folders.
+# Where a wheel carries the checkout's models/, migrations/ and config.yaml (pyproject.toml maps them in);
+# absent in a checkout, so an editable install reads the checkout's own.
 BUNDLED = Path(__file__).resolve().parent / "_bundled"
 
 
@@ -174,14 +174,14 @@ def template() -> str:
     return shipped("config.yaml").read_text(encoding="utf-8")
 
 
-def in_effect(path: Path | None) -> tuple[Config, list[tuple[str, Any, bool]]]:
-    """The configuration `path` gives (None: the defaults) and each key as (name, value, set in the file),
+def in_effect(path: Path | None) -> list[tuple[str, Any, bool]]:
+    """Each key of the configuration `path` gives (None: the defaults) as (name, value, set in the file),
     for `worker config`. A file with an error raises the ConfigError a start would."""
     cfg = load(path)
     raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) if path is not None else None
     given = set(_flatten(raw)) if isinstance(raw, dict) else set()
     shown = {**cfg.as_dict(), "db": _without_password(cfg.db)}  # printed, perhaps pasted into a ticket
-    return cfg, [(key, value, key in given) for key, value in shown.items() if key != "source"]
+    return [(key, value, key in given) for key, value in shown.items() if key != "source"]
 
 
 def _without_password(url: str) -> str:
