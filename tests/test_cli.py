@@ -375,3 +375,16 @@ def test_config_shows_what_is_in_effect_and_where_it_came_from(tmp_path: Path, m
     assert out.exit_code != 0 and f"{conf}: 'pipeline.queue_size' must be a non-negative integer" in str(out.exception)
     template = r.invoke(cli, ["config", "--template"])
     assert template.exit_code == 0 and template.output == (ROOT / "config.yaml").read_text()
+
+
+def test_version_says_the_workers_onnxruntimes_and_pythons() -> None:
+    import platform
+    from importlib.metadata import version
+
+    import worker
+
+    out = CliRunner().invoke(cli, ["--version"])
+    assert out.exit_code == 0
+    assert out.output == f"worker {worker.__version__} (onnxruntime {version('onnxruntime')}, " \
+                         f"Python {platform.python_version()})\n"
+    assert version("worker") == worker.__version__  # pyproject.toml takes it from the package

@@ -99,7 +99,27 @@ def with_paths(f: Callable[..., Any]) -> Callable[..., Any]:
     return f
 
 
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    """`worker --version`: what a bug report needs, without importing onnxruntime (seconds on a GPU build)."""
+    if not value or ctx.resilient_parsing:
+        return
+    import platform
+    from importlib.metadata import PackageNotFoundError, version
+
+    from worker import __version__
+
+    builds = []
+    for dist in ("onnxruntime", "onnxruntime-gpu"):
+        with contextlib.suppress(PackageNotFoundError):
+            builds.append(f"{dist} {version(dist)}")
+    click.echo(f"worker {__version__} ({', '.join(builds) or 'no onnxruntime installed'}, "
+               f"Python {platform.python_version()})")
+    ctx.exit()
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Show the worker's, onnxruntime's and Python's versions and exit.")
 @click.option("--config", "config_path", type=click.Path(path_type=Path), default=None,
               help="Config file (default: $WORKER_CONFIG, else ./config.yaml, else built-in defaults).")
 @click.option("-v", "--verbose", is_flag=True, help="Log debug messages.")
