@@ -10,6 +10,7 @@ from typing import Iterator
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
@@ -81,11 +82,18 @@ def alembic_config(engine: Engine) -> AlembicConfig:
 def upgrade(engine: Engine, revision: str = "head") -> None:
     cfg = alembic_config(engine)
     try:
-        with _one_migrator(engine), _migrating(engine) as conn:
-            if engine.dialect.name == "postgresql":  # held to the end of the transaction
-                conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
-            cfg.attributes["connection"] = conn
-            command.upgrade(cfg, revision)
+        # inside the flock: a new file's first connection switches it to WAL, which two processes doing it at
+        # once can fail with `database is locked` (the busy timeout does not cover it)
+        with _one_migrator(engine):
+            # every command opens its database through here (a health check every few seconds, a query):
+            # one at the newest revision reads it and is done, without the write lock a migration takes
+            if revision == "head" and _at_head(engine, cfg):
+                return
+            with _migrating(engine) as conn:
+                if engine.dialect.name == "postgresql":  # held to the end of the transaction
+                    conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
     except Exception as e:
         raise StoreError(f"database {engine.url}: migration to {revision} failed: {e}") from e
 
@@ -122,6 +130,13 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
             if sqlite:
                 conn.exec_driver_sql("PRAGMA foreign_keys=ON")
                 conn.commit()
+
+
+def _at_head(engine: Engine, cfg: AlembicConfig) -> bool:
+    """Whether the schema is at the scripts' newest revision (then there is nothing to migrate)."""
+    with engine.connect() as conn:
+        current = set(MigrationContext.configure(conn).get_current_heads())
+    return current == set(ScriptDirectory.from_config(cfg).get_heads())
 
 
 def _revision(conn: Connection) -> str | None:
