@@ -100,7 +100,7 @@ def with_paths(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
-    """`worker --version`: what a bug report needs, without importing onnxruntime (seconds on a GPU build)."""
+    """`worker --version`: what a bug report needs, read from the installed packages (onnxruntime not imported)."""
     if not value or ctx.resilient_parsing:
         return
     import platform
