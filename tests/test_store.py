@@ -175,6 +175,24 @@ def test_nothing_opens_a_new_database_before_it_holds_the_migration_lock(tmp_pat
     assert db.exists()
 
 
+def test_a_database_a_newer_worker_migrated_is_refused_saying_so(tmp_path: Path) -> None:
+    """Going back to an older worker (a wheel reinstalled) on a database a newer one migrated: before,
+    Alembic's `Can't locate revision identified by '0099'`, from every command."""
+    path = tmp_path / "m.db"
+    engine = make_engine(f"sqlite:///{path}")
+    upgrade(engine)
+    with engine.begin() as c:
+        c.execute(text("UPDATE alembic_version SET version_num = '0099'"))
+    for attempt in (lambda: upgrade(engine), lambda: downgrade(engine, "0002")):
+        with pytest.raises(StoreError, match="its schema is at revision 0099, which worker .* does not know "
+                                             r"\(its newest is (\d{4})\): a newer worker migrated it. Run that "
+                                             r"worker, or with it `worker db downgrade \1` first"):
+            attempt()
+    with engine.connect() as c:  # left as it was
+        assert c.execute(text("SELECT version_num FROM alembic_version")).scalar_one() == "0099"
+    engine.dispose()
+
+
 def test_the_migrations_build_the_schema_the_models_describe(tmp_path: Path) -> None:
     """Alembic's own comparison: a model changed without a migration (or the reverse) fails here."""
     from alembic.autogenerate import compare_metadata

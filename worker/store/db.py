@@ -87,8 +87,10 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         with _one_migrator(engine):
             # every command opens its database through here (a health check every few seconds, a query):
             # one at the newest revision reads it and is done, without the write lock a migration takes
-            if revision == "head" and _at_head(engine, cfg):
+            current, script = _schema(engine, cfg)
+            if revision == "head" and current == set(script.get_heads()):
                 return
+            _refuse_newer(current, script)
             with _migrating(engine) as conn:
                 if engine.dialect.name == "postgresql":  # held to the end of the transaction
                     conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
@@ -132,11 +134,24 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
                 conn.commit()
 
 
-def _at_head(engine: Engine, cfg: AlembicConfig) -> bool:
-    """Whether the schema is at the scripts' newest revision (then there is nothing to migrate)."""
+def _schema(engine: Engine, cfg: AlembicConfig) -> tuple[set[str], ScriptDirectory]:
+    """The database's current revisions (none: no schema yet) and this worker's migration scripts."""
     with engine.connect() as conn:
         current = set(MigrationContext.configure(conn).get_current_heads())
-    return current == set(ScriptDirectory.from_config(cfg).get_heads())
+    return current, ScriptDirectory.from_config(cfg)
+
+
+def _refuse_newer(current: set[str], script: ScriptDirectory) -> None:
+    """A database migrated by a newer worker (its revision not among these scripts): Alembic said only
+    `Can't locate revision identified by '0004'`. Say what happened and the two ways out."""
+    known = {s.revision for s in script.walk_revisions()}
+    if unknown := sorted(current - known):
+        from worker import __version__
+
+        newest = ", ".join(script.get_heads())
+        raise StoreError(f"its schema is at revision {', '.join(unknown)}, which worker {__version__} does not "
+                         f"know (its newest is {newest}): a newer worker migrated it. Run that worker, or with "
+                         f"it `worker db downgrade {newest}` first")
 
 
 def _revision(conn: Connection) -> str | None:
@@ -169,9 +184,11 @@ def _one_migrator(engine: Engine) -> Iterator[None]:
 def downgrade(engine: Engine, revision: str) -> None:
     cfg = alembic_config(engine)
     try:
-        with _one_migrator(engine), _migrating(engine) as conn:
-            cfg.attributes["connection"] = conn
-            command.downgrade(cfg, revision)
+        with _one_migrator(engine):
+            _refuse_newer(*_schema(engine, cfg))
+            with _migrating(engine) as conn:
+                cfg.attributes["connection"] = conn
+                command.downgrade(cfg, revision)
     except Exception as e:
         raise StoreError(f"database {engine.url}: migration down to {revision} failed: {e}") from e
 
