@@ -83,6 +83,11 @@ def test_a_wheel_carries_its_cards_and_migrations_and_runs_away_from_the_checkou
     assert where.returncode == 0 and Path(package).is_relative_to(site), probe.stdout
     assert Path(models_dir) == site / "worker" / "_bundled" / "models"
     assert Path(cache_dir) == home / ".cache" / "worker"  # not a folder inside site-packages
+    for xdg, expected in ((tmp_path / "xdg", tmp_path / "xdg" / "worker"), ("relative", home / ".cache" / "worker")):
+        probe = subprocess.run([sys.executable, "-c", "import worker.config as c; print(c.load(None).cache_dir)"],
+                               cwd=elsewhere, env={**env, "XDG_CACHE_HOME": str(xdg)}, text=True, capture_output=True,
+                               check=True)
+        assert Path(probe.stdout.strip()) == expected, xdg  # a relative one is ignored, as the XDG spec says
 
     template = _worker(site, elsewhere, env, "config", "--template")
     assert template.returncode == 0 and template.stdout == (ROOT / "config.yaml").read_text()

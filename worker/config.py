@@ -37,7 +37,8 @@ def default_cache_dir() -> Path:
     ~/.cache/worker), not a folder inside site-packages."""
     if not BUNDLED.is_dir():
         return PROJECT_ROOT / ".cache" / "worker"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "worker"
+    xdg = Path(os.environ.get("XDG_CACHE_HOME") or "")
+    return (xdg if xdg.is_absolute() else Path.home() / ".cache") / "worker"  # the XDG spec ignores a relative one
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 
