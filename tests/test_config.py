@@ -96,3 +96,20 @@ def test_bundled_cards_and_cache_are_found_from_any_folder(tmp_path: Path, monke
     assert load(None).inbox == tmp_path / "var" / "inbox" and load(conf).inbox == tmp_path / "scans"
     conf.write_text("models_dir: cards\n")  # set: relative to the file, as every path
     assert load(conf).models_dir == tmp_path / "cards"
+
+
+def test_a_config_file_saved_as_utf16_is_read_and_unreadable_ones_are_said(tmp_path: Path) -> None:
+    """Windows Notepad's "Unicode" is UTF-16 with a byte-order mark; a folder or bytes that are no
+    text at all gave tracebacks (IsADirectoryError, UnicodeDecodeError) from every command."""
+    text = "model: yolov3-tiny\npipeline:\n  queue_size: 8\n"
+    for encoding in ("utf-16", "utf-8-sig"):  # both write their byte-order mark
+        p = tmp_path / f"{encoding}.yaml"
+        p.write_bytes(text.encode(encoding))
+        cfg = load(p)
+        assert cfg.model == "yolov3-tiny" and cfg.pipeline.queue_size == 8, encoding
+    with pytest.raises(ConfigError, match=f"{tmp_path}: cannot read the config file: Is a directory"):
+        load(tmp_path)
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"model: \xff\xfe\x00yolo\n")
+    with pytest.raises(ConfigError, match=f"{bad}: not valid YAML: unacceptable character #x00ff"):
+        load(bad)

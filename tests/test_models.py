@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -20,6 +21,17 @@ def test_cards_load() -> None:
     assert errors == []
     assert {"ppocr-det", "efficientnet-lite0", "yolov3-tiny"} <= set(cards)
     assert cards["yolov3-tiny"].task == "detect" and cards["efficientnet-lite0"].task == "classify"
+
+
+def test_a_card_saved_as_utf16_loads(tmp_path: Path) -> None:
+    """A card written on Windows in Notepad's "Unicode" (UTF-16 with its byte-order mark): before, a
+    UnicodeDecodeError traceback from `models list` and every start."""
+    text = (ROOT / "models" / "efficientnet-lite0" / "model.yaml").read_text(encoding="utf-8")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "model.yaml").write_bytes(text.encode("utf-16"))
+    ours, mine = load_card(ROOT / "models" / "efficientnet-lite0" / "model.yaml"), load_card(tmp_path / "mine" /
+                                                                                          "model.yaml")
+    assert mine == dataclasses.replace(ours, folder=tmp_path / "mine")
 
 
 def test_card_errors_name_file(tmp_path: Path) -> None:

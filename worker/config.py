@@ -179,7 +179,7 @@ def in_effect(path: Path | None) -> list[tuple[str, Any, bool]]:
     """Each key of the configuration `path` gives (None: the defaults) as (name, value, set in the file),
     for `worker config`. A file with an error raises the ConfigError a start would."""
     cfg = load(path)
-    raw = yaml.safe_load(Path(path).read_text(encoding="utf-8")) if path is not None else None
+    raw = read_yaml(Path(path), "config file") if path is not None else None
     given = set(_flatten(raw)) if isinstance(raw, dict) else set()
     shown = {**cfg.as_dict(), "db": _without_password(cfg.db)}  # printed, perhaps pasted into a ticket
     return [(key, value, key in given) for key, value in shown.items() if key != "source"]
@@ -200,17 +200,26 @@ def load(path: Path | None) -> Config:
     if path is None:
         return _resolve(Config(), Path.cwd())
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: config file not found") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    raw = read_yaml(path, "config file")
     if raw is None:
         raw = {}
     cfg = build(Config, raw, str(path), "")
     cfg = dataclasses.replace(cfg, source=path.absolute())
     return _resolve(cfg, path.absolute().parent)
+
+
+def read_yaml(path: Path, what: str) -> Any:
+    """A config file's or model card's YAML (`what` names which in errors), read as bytes so that PyYAML
+    tells the encoding from them: UTF-8, or UTF-16 with its byte-order mark (what Windows Notepad saves
+    as "Unicode"; read as UTF-8 text, a traceback)."""
+    try:
+        return yaml.safe_load(path.read_bytes())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: {what} not found") from None
+    except OSError as e:  # a folder, no permission: a traceback before
+        raise ConfigError(f"{path}: cannot read the {what}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:  # bytes that are neither UTF-8 nor UTF-16 with a BOM included
+        raise ConfigError(f"{path}: not valid YAML: {e}") from None
 
 
 def _resolve(cfg: Config, base: Path) -> Config:

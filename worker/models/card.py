@@ -10,9 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
-
-from worker.config import build
+from worker.config import build, read_yaml
 from worker.errors import ConfigError
 
 Task = Literal["segment", "classify", "detect"]
@@ -201,12 +199,7 @@ def _set_only(value: object) -> object:
 
 
 def load_card(path: Path) -> ModelCard:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: model card not found") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}") from None
+    raw = read_yaml(path, "model card")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping")
     card = build(ModelCard, raw, str(path), "")
