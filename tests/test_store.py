@@ -193,6 +193,28 @@ def test_a_database_a_newer_worker_migrated_is_refused_saying_so(tmp_path: Path)
     engine.dispose()
 
 
+def test_a_database_in_a_folder_it_cannot_write_is_said_with_the_reason(tmp_path: Path) -> None:
+    """A database on a read-only mount (or in another account's folder): SQLite said only `unable to
+    open database file` (or `attempt to write a readonly database`), from `worker query` too."""
+    import subprocess
+
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    src.mkdir()
+    ro.mkdir()
+    engine = make_engine(f"sqlite:///{src / 'w.db'}")
+    upgrade(engine)
+    engine.dispose()
+    if subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here (needs root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+        with pytest.raises(StoreError, match=f"{ro} is not writable here: SQLite in WAL mode needs the database's "
+                                             "folder writable even to read it"):
+            open_db(f"sqlite:///{ro / 'w.db'}", create=False)
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
 def test_the_migrations_build_the_schema_the_models_describe(tmp_path: Path) -> None:
     """Alembic's own comparison: a model changed without a migration (or the reverse) fails here."""
     from alembic.autogenerate import compare_metadata

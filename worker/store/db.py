@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -97,7 +98,22 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, revision)
     except Exception as e:
-        raise StoreError(f"database {engine.url}: migration to {revision} failed: {e}") from e
+        raise StoreError(f"database {engine.url}: migration to {revision} failed: {e}{_folder_hint(engine, e)}") from e
+
+
+def _folder_hint(engine: Engine, error: Exception) -> str:
+    """Why SQLite could not open a database whose folder this process cannot write (a read-only mount,
+    another account's folder): its messages, `unable to open database file` and `attempt to write a
+    readonly database`, do not say."""
+    path = engine.url.database if engine.dialect.name == "sqlite" else None
+    if not path or path == ":memory:" or not any(m in str(error) for m in ("unable to open", "readonly database")):
+        return ""
+    folder = Path(path).absolute().parent
+    if os.access(folder, os.W_OK):
+        return ""
+    return (f" ({folder} is not writable here: SQLite in WAL mode needs the database's folder writable even to "
+            f"read it, for the -wal and -shm files beside it; run as the account that writes it, give this one "
+            f"write access to the folder, or use PostgreSQL)")
 
 
 @contextlib.contextmanager
