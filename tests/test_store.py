@@ -18,7 +18,7 @@ from worker.metrics import percentiles, slope_per_hour
 from worker.service import run_folder, watch
 from worker.store.db import downgrade, make_engine, open_db, upgrade
 from worker.store.queries import Filters, glob_to_like, query_images, run_stats
-from worker.store.schema import ImageRow
+from worker.store.schema import ImageRow, Run
 
 TABLES = {"runs", "images", "results", "labels", "timings", "memory_samples"}
 
@@ -193,9 +193,11 @@ def test_a_database_a_newer_worker_migrated_is_refused_saying_so(tmp_path: Path)
     engine.dispose()
 
 
-def test_a_database_in_a_folder_it_cannot_write_is_said_with_the_reason(tmp_path: Path) -> None:
+def test_a_database_in_a_folder_it_cannot_write_is_read_while_a_worker_has_it_open(tmp_path: Path) -> None:
     """A database on a read-only mount (or in another account's folder): SQLite said only `unable to
-    open database file` (or `attempt to write a readonly database`), from `worker query` too."""
+    open database file` (or `attempt to write a readonly database`), from `worker query` too, and no
+    reader could read it. Now the reading commands open it read-only while a worker has it open, and
+    say why not otherwise."""
     import subprocess
 
     src, ro = tmp_path / "src", tmp_path / "ro"
@@ -211,6 +213,29 @@ def test_a_database_in_a_folder_it_cannot_write_is_said_with_the_reason(tmp_path
         with pytest.raises(StoreError, match=f"{ro} is not writable here: SQLite in WAL mode needs the database's "
                                              "folder writable even to read it"):
             open_db(f"sqlite:///{ro / 'w.db'}", create=False)
+        # a command that only reads (query, stats, health, export) opens it read-only while a worker has it open
+        with pytest.raises(StoreError, match=f"cannot open it read-only: unable to open database file \\({ro} is "
+                                             "not writable here, and SQLite in WAL mode opens a database read-only "
+                                             "only while a worker has it open"):
+            open_db(f"sqlite:///{ro / 'w.db'}", create=False, read_only=True)
+        writer = make_engine(f"sqlite:///{src / 'w.db'}")
+        with writer.begin() as c:  # a worker, open on the database: its -wal and -shm files exist meanwhile
+            c.execute(Run.__table__.insert().values(mode="run", host="h", pid=1, root="/in", model="m",
+                                                    model_sha256="0" * 64, providers="CPU", config={}, version="0"))
+        held = writer.connect()
+        try:
+            reader = open_db(f"sqlite:///{ro / 'w.db'}", create=False, read_only=True)
+            with reader.connect() as c:
+                assert c.execute(text("SELECT model FROM runs")).scalars().all() == ["m"]
+            reader.dispose()
+            from click.testing import CliRunner
+
+            from worker.cli import cli
+            out = CliRunner().invoke(cli, ["stats", "--db", f"sqlite:///{ro / 'w.db'}"])
+            assert out.exit_code == 0 and "run 1 run model=m" in out.output, out.output + str(out.exception)
+        finally:
+            held.close()
+            writer.dispose()
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=True)
 

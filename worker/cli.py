@@ -279,7 +279,7 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     cfg = _load(ctx, db=db)
     filters = Filters(status=status, path=path_glob, since=_parse_time(since), until=_parse_time(until),
                       run_id=run_id, min_score=min_score, label=label, model=model, limit=limit)
-    with database(cfg.db, create=False) as engine:
+    with database(cfg.db, create=False, read_only=True) as engine:
         rows = query_images(engine, filters)
     _emit(rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label", "score", "total_ms",
                       "updated_at", "error"])
@@ -305,7 +305,7 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
 
     cfg = _load(ctx, db=db)
     warm = _duration(warmup) if warmup else cfg.metrics.warmup_s
-    with database(cfg.db, create=False) as engine:
+    with database(cfg.db, create=False, read_only=True) as engine:
         runs = run_stats(engine, run_id=run_id, last=last, warmup_s=warm)
     if fmt == "json":
         click.echo(json.dumps(_nan_to_none(runs), indent=1))
@@ -364,7 +364,7 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
 
     cfg = _load(ctx, db=db, inbox=inbox)
     root = None if run_id is not None else str(cfg.inbox.absolute())
-    with database(cfg.db, create=False) as engine:
+    with database(cfg.db, create=False, read_only=True) as engine:
         h = run_health(engine, run_id=run_id, root=root, stall_s=_duration(stalled_after))
     if h is None:
         what = f"run {run_id}" if run_id is not None else f"watch run on {root}"
@@ -589,7 +589,7 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
                           f"segmentation model's results (--model NAME)")
     card = with_labels(card, cfg.cache_dir)
     filters = Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score, model=card.name, limit=10**9)
-    with database(cfg.db, create=False) as engine:
+    with database(cfg.db, create=False, read_only=True) as engine:
         doc = coco(engine, filters, card.labels, card.task, cfg.outbox, rle)
     if not doc["images"]:
         click.echo(f"note: no done results of model {card.name!r} match", err=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sqlite3
+import urllib.parse
 from pathlib import Path
 from typing import Iterator
 
@@ -217,12 +219,16 @@ def sqlite_file(url: str) -> Path | None:
     return Path(u.database)
 
 
-def open_db(url: str, create: bool = True) -> Engine:
+def open_db(url: str, create: bool = True, read_only: bool = False) -> Engine:
     """Engine with the schema migrated to the latest revision. `create=False` (the commands that only
-    read) refuses a SQLite file that does not exist, instead of making an empty one at a mistyped path."""
+    read, and those that change existing rows) refuses a SQLite file that does not exist, instead of
+    making an empty one at a mistyped path. `read_only` (query, stats, health, export): a SQLite file in
+    a folder this process cannot write is opened read-only, unmigrated (see `_reader`)."""
     if not create and (path := sqlite_file(url)) is not None and not path.exists():
         raise StoreError(f"no database at {path.absolute()} (`worker run` or `worker watch` makes it; "
                          f"--db or the config's db names another)")
+    if read_only and (path := sqlite_file(url)) is not None and not os.access(path.absolute().parent, os.W_OK):
+        return _reader(url, path.absolute())
     if create and (path := sqlite_file(url)) is not None and (share := network_filesystem(path.absolute().parent)):
         log.warning("database %s is on a network share (%s): SQLite's WAL mode needs a local disk (a share's "
                     "locks are not to be trusted, and no other machine can use the file meanwhile): put it on a "
@@ -232,9 +238,37 @@ def open_db(url: str, create: bool = True) -> Engine:
     return engine
 
 
-def database(url: str, create: bool = True) -> contextlib.AbstractContextManager[Engine]:
+def database(url: str, create: bool = True, read_only: bool = False) -> contextlib.AbstractContextManager[Engine]:
     """`open_db` for one block (a command, a bench round): see `disposing`."""
-    return disposing(open_db(url, create))
+    return disposing(open_db(url, create, read_only))
+
+
+def _reader(url: str, path: Path) -> Engine:
+    """A database in a folder this process cannot write (another account's, a read-only mount), for a
+    command that only reads it. SQLite opens a WAL database read-only (`mode=ro`) while its -wal and
+    -shm files exist, that is while a worker has it open; it cannot be migrated from here, so it must
+    be at this worker's newest revision already."""
+    uri = "file:" + urllib.parse.quote(str(path)) + "?mode=ro"
+
+    def connect() -> sqlite3.Connection:
+        return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
+
+    engine = create_engine(url, creator=connect)
+    try:
+        current, script = _schema(engine, alembic_config(engine))
+    except Exception as e:
+        engine.dispose()
+        said = getattr(e, "orig", None) or e  # the driver's words, without SQLAlchemy's statement and link
+        raise StoreError(f"database {path}: cannot open it read-only: {said} ({path.parent} is not writable here, and "
+                         f"SQLite in WAL mode opens a database read-only only while a worker has it open, its -wal "
+                         f"and -shm files beside it; run as the account that writes it, give this one write "
+                         f"access to the folder, or use PostgreSQL)") from None
+    if current != set(script.get_heads()):
+        engine.dispose()
+        raise StoreError(f"database {path}: its schema is at revision {', '.join(sorted(current)) or 'none'}, not "
+                         f"{', '.join(script.get_heads())}, and it cannot be migrated from here ({path.parent} is "
+                         f"not writable): start this version of the worker on it first")
+    return engine
 
 
 @contextlib.contextmanager
