@@ -199,6 +199,7 @@ def test_a_database_in_a_folder_it_cannot_write_is_read_while_a_worker_has_it_op
     reader could read it. Now the reading commands open it read-only while a worker has it open, and
     say why not otherwise."""
     import subprocess
+    import sys
 
     src, ro = tmp_path / "src", tmp_path / "ro"
     src.mkdir()
@@ -222,6 +223,8 @@ def test_a_database_in_a_folder_it_cannot_write_is_read_while_a_worker_has_it_op
         with writer.begin() as c:  # a worker, open on the database: its -wal and -shm files exist meanwhile
             c.execute(Run.__table__.insert().values(mode="run", host="h", pid=1, root="/in", model="m",
                                                     model_sha256="0" * 64, providers="CPU", config={}, version="0"))
+            c.execute(ImageRow.__table__.insert().values(run_id=1, rel_path="bad.png", sha256="0" * 64, model="m",
+                                                         size=5, status="failed", attempts=3, error="not an image"))
         held = writer.connect()
         try:
             reader = open_db(f"sqlite:///{ro / 'w.db'}", create=False, read_only=True)
@@ -233,6 +236,14 @@ def test_a_database_in_a_folder_it_cannot_write_is_read_while_a_worker_has_it_op
             from worker.cli import cli
             out = CliRunner().invoke(cli, ["stats", "--db", f"sqlite:///{ro / 'w.db'}"])
             assert out.exit_code == 0 and "run 1 run model=m" in out.output, out.output + str(out.exception)
+            # a command that writes: SQLite refuses its statement, said in a line (before: a traceback)
+            retry = subprocess.run([sys.executable, "-m", "worker", "retry", "--db", f"sqlite:///{ro / 'w.db'}"],
+                                   capture_output=True, text=True, timeout=120)
+            assert retry.returncode == 1 and "Traceback" not in retry.stderr, retry.stderr
+            assert retry.stderr.endswith("error: database: attempt to write a readonly database (this account may "
+                                         "read the database but not write it: SQLite writes need the database, its "
+                                         "-wal and -shm files and their folder writable; run as the account that "
+                                         "writes it)\n"), retry.stderr
         finally:
             held.close()
             writer.dispose()

@@ -807,11 +807,20 @@ def demo(ctx: click.Context, **overrides: Any) -> None:
 
 
 def main() -> None:
+    from sqlalchemy.exc import DBAPIError
+
     try:
         cli(standalone_mode=True)
     except WorkerError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
+    except DBAPIError as e:  # a command's own statement refused (`retry` by an account that may only read)
+        said = str(e.orig)
+        why = (" (this account may read the database but not write it: SQLite writes need the database, its "
+               "-wal and -shm files and their folder writable; run as the account that writes it)"
+               if "readonly database" in said else "")
+        click.echo(f"error: database: {said}{why}", err=True)
+        sys.exit(1)
 
 
 if __name__ == "__main__":
