@@ -178,9 +178,11 @@ def template() -> str:
 def in_effect(path: Path | None) -> list[tuple[str, Any, bool]]:
     """Each key of the configuration `path` gives (None: the defaults) as (name, value, set in the file),
     for `worker config`. A file with an error raises the ConfigError a start would."""
-    cfg = load(path)
-    raw = read_yaml(Path(path), "config file") if path is not None else None
-    given = set(_flatten(raw)) if isinstance(raw, dict) else set()
+    if path is None:
+        cfg, given = load(None), set()
+    else:  # read once: the file's own keys, and the configuration they give
+        raw = read_yaml(Path(path), "config file")
+        cfg, given = _loaded(raw, Path(path)), set(_flatten(raw)) if isinstance(raw, dict) else set()
     shown = {**cfg.as_dict(), "db": _without_password(cfg.db)}  # printed, perhaps pasted into a ticket
     return [(key, value, key in given) for key, value in shown.items() if key != "source"]
 
@@ -200,10 +202,12 @@ def load(path: Path | None) -> Config:
     if path is None:
         return _resolve(Config(), Path.cwd())
     path = Path(path)
-    raw = read_yaml(path, "config file")
-    if raw is None:
-        raw = {}
-    cfg = build(Config, raw, str(path), "")
+    return _loaded(read_yaml(path, "config file"), path)
+
+
+def _loaded(raw: Any, path: Path) -> Config:
+    """The configuration a file's YAML gives (validated), its relative paths resolved against its folder."""
+    cfg = build(Config, {} if raw is None else raw, str(path), "")
     cfg = dataclasses.replace(cfg, source=path.absolute())
     return _resolve(cfg, path.absolute().parent)
 

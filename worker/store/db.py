@@ -114,8 +114,11 @@ def _folder_hint(engine: Engine, error: Exception) -> str:
     if os.access(folder, os.W_OK):
         return ""
     return (f" ({folder} is not writable here: SQLite in WAL mode needs the database's folder writable even to "
-            f"read it, for the -wal and -shm files beside it; run as the account that writes it, give this one "
-            f"write access to the folder, or use PostgreSQL)")
+            f"read it, for the -wal and -shm files beside it; {_WAYS_OUT})")
+
+
+# what to do about a database folder this process cannot write, said by every error about one
+_WAYS_OUT = "run as the account that writes it, give this one write access to the folder, or use PostgreSQL"
 
 
 @contextlib.contextmanager
@@ -139,10 +142,10 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
             with conn.begin():
                 if sqlite:  # pysqlite then sees a transaction open and commits or rolls it back at the end
                     conn.exec_driver_sql("BEGIN IMMEDIATE")
-                was = _revision(conn) if sqlite else None
+                was = _heads(conn) if sqlite else None
                 yield conn
                 # only after a migration that ran: the check reads every row, and most starts migrate nothing
-                if sqlite and _revision(conn) != was and \
+                if sqlite and _heads(conn) != was and \
                         (broken := conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()):
                     raise StoreError(f"the migration leaves {len(broken)} rows referring to rows that are not "
                                      f"there (table, row, parent, key: {tuple(broken[0])}, ...)")
@@ -155,7 +158,7 @@ def _migrating(engine: Engine) -> Iterator[Connection]:
 def _schema(engine: Engine, cfg: AlembicConfig) -> tuple[set[str], ScriptDirectory]:
     """The database's current revisions (none: no schema yet) and this worker's migration scripts."""
     with engine.connect() as conn:
-        current = set(MigrationContext.configure(conn).get_current_heads())
+        current = _heads(conn)
     return current, ScriptDirectory.from_config(cfg)
 
 
@@ -172,9 +175,9 @@ def _refuse_newer(current: set[str], script: ScriptDirectory) -> None:
                          f"it `worker db downgrade {newest}` first")
 
 
-def _revision(conn: Connection) -> str | None:
-    """The schema's Alembic revision (None: no schema yet)."""
-    return MigrationContext.configure(conn).get_current_revision()
+def _heads(conn: Connection) -> set[str]:
+    """The schema's Alembic revisions (none: no schema yet)."""
+    return set(MigrationContext.configure(conn).get_current_heads())
 
 
 MIGRATION_LOCK_KEY = 0x776F726B  # "work": PostgreSQL advisory lock taken while migrating
@@ -261,8 +264,7 @@ def _reader(url: str, path: Path) -> Engine:
         said = getattr(e, "orig", None) or e  # the driver's words, without SQLAlchemy's statement and link
         raise StoreError(f"database {path}: cannot open it read-only: {said} ({path.parent} is not writable here, and "
                          f"SQLite in WAL mode opens a database read-only only while a worker has it open, its -wal "
-                         f"and -shm files beside it; run as the account that writes it, give this one write "
-                         f"access to the folder, or use PostgreSQL)") from None
+                         f"and -shm files beside it; {_WAYS_OUT})") from None
     if current != set(script.get_heads()):
         engine.dispose()
         raise StoreError(f"database {path}: its schema is at revision {', '.join(sorted(current)) or 'none'}, not "
