@@ -565,6 +565,26 @@ def test_recorder_hurry_writes_at_once_whatever_the_grouping(tmp_path: Path, mon
     db.dispose()
 
 
+def test_recorder_writes_a_full_transaction_without_waiting_out_the_grouping(tmp_path: Path, monkeypatch) -> None:
+    """The recorder gathers without being woken by each event (a wake-up per event cost more than the
+    gathering saved); once a transaction's worth of events waits, it writes them without being hurried."""
+    from worker.store import recorder as recorder_mod
+    from worker.store.recorder import MAX_BATCH, Claimed, Commit, Recorder, RunInfo
+
+    monkeypatch.setattr(recorder_mod, "GROUP_S", 3600.0)
+    db = open_db(f"sqlite:///{tmp_path / 'b.db'}")
+    rec = Recorder(db, RunInfo("run", "/x", "m", "", "cpu", {}))
+    events = [Commit() for _ in range(MAX_BATCH + 10)]
+    try:
+        for i, committed in enumerate(events):
+            rec.put(Claimed(f"{i}.png", "s" * 64, 10, committed))
+        assert all(e.wait(10) for e in events[:MAX_BATCH])
+    finally:
+        rec.close()  # writes the rest at once
+    assert all(e.wait(0) for e in events)
+    db.dispose()
+
+
 def test_recorder_commits_never_checkpoint_the_wal_its_own_thread_does(tmp_path: Path, monkeypatch) -> None:
     """SQLite checkpoints inside the commit that crosses 1000 WAL pages (fsync included: a 15 ms stall of
     the writer, and of any claim waiting on it); the recorder's connection leaves that to `checkpoint`."""

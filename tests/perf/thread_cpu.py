@@ -30,12 +30,16 @@ from worker.service import run_folder
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def thread_cpu_s(tid: int) -> float | None:
+def thread_cpu_s(tid: int) -> tuple[float, int, int] | None:
+    """A thread's CPU seconds, and how often it slept (a wait: the GIL, a queue, I/O) and was preempted."""
     try:
         fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+        status = Path(f"/proc/self/task/{tid}/status").read_text()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+    switches = dict(re.findall(r"^(\w+)_ctxt_switches:\s+(\d+)$", status, re.M))
+    # utime + stime
+    return (int(fields[11]) + int(fields[12])) / TICK, int(switches["voluntary"]), int(switches["nonvoluntary"])
 
 
 def main() -> None:
@@ -50,7 +54,7 @@ def main() -> None:
     make_corpus(fetch_samples(cfg.cache_dir), args.width, args.images, corpus)
     cfg = dataclasses.replace(cfg, model=args.model, outbox=work / "out", db=f"sqlite:///{work}/worker.db")
 
-    last: dict[int, tuple[str, float]] = {}  # native thread id -> (name, CPU seconds so far)
+    last: dict[int, tuple[str, tuple[float, int, int]]] = {}  # native thread id -> (name, thread_cpu_s so far)
     main_cpu = time.thread_time()
     stop = threading.Event()
 
@@ -69,14 +73,19 @@ def main() -> None:
     stop.set()
     sampler.join()
     n = summary.figures["done"]
-    per_kind: dict[str, float] = {"main": time.thread_time() - main_cpu}  # includes the model's load and warm-up
-    for name, cpu in last.values():
-        kind = re.sub(r"[-_]?\d+$", "", name)
-        per_kind[kind] = per_kind.get(kind, 0.0) + cpu
+    main = thread_cpu_s(threading.get_native_id()) or (0.0, 0, 0)
+    # the main thread's includes the model's load and warm-up
+    per_kind: dict[str, list[float]] = {"main": [time.thread_time() - main_cpu, main[1], main[2]]}
+    for name, (cpu, sleeps, preempted) in last.values():
+        kind = per_kind.setdefault(re.sub(r"[-_]?\d+$", "", name), [0.0, 0, 0])
+        kind[0] += cpu
+        kind[1] += sleeps
+        kind[2] += preempted
     print(f"{args.model}, {n} JPEGs {args.width} px: {summary.figures['images_per_s']} images/s, "
           f"{process / n * 1000:.2f} ms of process CPU per image over {wall:.1f} s ({process / wall:.2f} cores busy)")
-    for kind, cpu in sorted(per_kind.items(), key=lambda kv: -kv[1]):
-        print(f"  {kind:20s} {cpu / n * 1000:6.2f} ms/image")
+    print(f"  {'thread':20s} {'CPU ms':>6s}  sleeps  preempted  (per image; the main thread's switches since start)")
+    for kind, (cpu, sleeps, preempted) in sorted(per_kind.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {kind:20s} {cpu / n * 1000:6.2f} {sleeps / n:7.1f} {preempted / n:10.1f}")
     print(f"(outputs left in {work})")
 
 

@@ -196,7 +196,6 @@ class Sample:
 
 Event = Union[Claimed, Finished, Restamped, Sample]
 _STOP = object()
-_HURRY = object()  # someone waits for a commit: write without gathering (see GROUP_S)
 
 
 class Recorder:
@@ -230,6 +229,9 @@ class Recorder:
         self._warm_up()
         # bounded like every queue: if the database stalls, the stages wait instead of piling up events
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=10_000)
+        # set by hurry() and close(): the recorder stops gathering and writes what is queued
+        self._hurried = threading.Event()
+        self._closing = False  # set by close(): no more gathering, whatever is queued
         self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
         self._thread.start()
         self._stop_checkpoints = threading.Event()
@@ -251,11 +253,13 @@ class Recorder:
 
     def put(self, event: Event) -> None:
         self._queue.put(event)
+        if self._queue.qsize() >= MAX_BATCH:  # a full transaction's worth is waiting: no point gathering more
+            self._hurried.set()
 
     def hurry(self) -> None:
         """Write what is queued now instead of gathering for up to GROUP_S: the caller is about to
         wait for a `committed` flag (a decode thread with nothing else to do, an idle watcher's image)."""
-        self._queue.put(_HURRY)
+        self._hurried.set()
 
     def depth(self) -> int:
         return self._queue.qsize()
@@ -267,7 +271,9 @@ class Recorder:
 
     def close(self) -> None:
         """Write everything queued, stamp the run's end, stop the thread."""
+        self._closing = True
         self._queue.put(_STOP)
+        self._hurried.set()
         self._thread.join()
         if self.refused:
             log.error("%d events could not be recorded (logged above): their images are not on record as done, "
@@ -286,18 +292,19 @@ class Recorder:
     def _loop(self) -> None:
         stop = False
         while not stop:
-            batch = [self._queue.get()]
-            deadline = time.monotonic() + GROUP_S
-            urgent = batch[0] is _HURRY
+            batch = [self._queue.get()]  # sleep until there is something to write
+            # then gather for GROUP_S, or until hurried, without taking events one by one: a thread blocked
+            # on the queue is woken by every put (a futex wake-up, the GIL held), two or three per image
+            if batch[0] is not _STOP and not self._closing and self._queue.qsize() < MAX_BATCH - 1:
+                self._hurried.wait(GROUP_S)
+            self._hurried.clear()
             while len(batch) < MAX_BATCH and batch[-1] is not _STOP:
                 try:
-                    wait = 0.0 if urgent else deadline - time.monotonic()
-                    batch.append(self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait())
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                urgent = urgent or batch[-1] is _HURRY
             stop = _STOP in batch
-            batch = [e for e in batch if e is not _STOP and e is not _HURRY]
+            batch = [e for e in batch if e is not _STOP]
             if not batch:
                 continue
             refused = self._record(batch)  # id() of the events the database would not take
