@@ -8,6 +8,7 @@ import re
 import shutil
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import func, inspect, select, text
@@ -193,43 +194,50 @@ def test_a_database_a_newer_worker_migrated_is_refused_saying_so(tmp_path: Path)
     engine.dispose()
 
 
-def test_a_database_in_a_folder_it_cannot_write_is_read_while_a_worker_has_it_open(tmp_path: Path) -> None:
+def test_a_database_in_a_folder_it_cannot_write_is_read_with_or_without_a_worker(tmp_path: Path) -> None:
     """A database on a read-only mount (or in another account's folder): SQLite said only `unable to
     open database file` (or `attempt to write a readonly database`), from `worker query` too, and no
-    reader could read it. Now the reading commands open it read-only while a worker has it open, and
-    say why not otherwise."""
+    reader could read it. Now the reading commands open it read-only: through its -wal and -shm files
+    while a worker has it open, and as it is (immutable) when none has (before session 28 that case was
+    refused: SQLite cannot create the -shm file there)."""
     import subprocess
     import sys
+
+    def run_row(model: str) -> dict[str, Any]:
+        return dict(mode="run", host="h", pid=1, root="/in", model=model, model_sha256="0" * 64, providers="CPU",
+                    config={}, version="0")
 
     src, ro = tmp_path / "src", tmp_path / "ro"
     src.mkdir()
     ro.mkdir()
     engine = make_engine(f"sqlite:///{src / 'w.db'}")
     upgrade(engine)
+    with engine.begin() as c:
+        c.execute(Run.__table__.insert().values(**run_row("m")))
+        c.execute(ImageRow.__table__.insert().values(run_id=1, rel_path="bad.png", sha256="0" * 64, model="m",
+                                                     size=5, status="failed", attempts=3, error="not an image"))
     engine.dispose()
+    assert not (src / "w.db-wal").exists()  # closed: the log folded in and deleted
     if subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode:
         pytest.skip("cannot bind-mount here (needs root)")
     try:
         subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
         with pytest.raises(StoreError, match=f"{ro} is not writable here: SQLite in WAL mode needs the database's "
-                                             "folder writable even to read it"):
+                                             "folder writable to write to it"):
             open_db(f"sqlite:///{ro / 'w.db'}", create=False)
-        # a command that only reads (query, stats, health, export) opens it read-only while a worker has it open
-        with pytest.raises(StoreError, match=f"cannot open it read-only: unable to open database file \\({ro} is "
-                                             "not writable here, and SQLite in WAL mode opens a database read-only "
-                                             "only while a worker has it open"):
-            open_db(f"sqlite:///{ro / 'w.db'}", create=False, read_only=True)
+        # a command that only reads (query, stats, health, export) opens it read-only, no worker running
+        reader = open_db(f"sqlite:///{ro / 'w.db'}", create=False, read_only=True)
+        with reader.connect() as c:
+            assert c.execute(text("SELECT model FROM runs")).scalars().all() == ["m"]
+        reader.dispose()
         writer = make_engine(f"sqlite:///{src / 'w.db'}")
         with writer.begin() as c:  # a worker, open on the database: its -wal and -shm files exist meanwhile
-            c.execute(Run.__table__.insert().values(mode="run", host="h", pid=1, root="/in", model="m",
-                                                    model_sha256="0" * 64, providers="CPU", config={}, version="0"))
-            c.execute(ImageRow.__table__.insert().values(run_id=1, rel_path="bad.png", sha256="0" * 64, model="m",
-                                                         size=5, status="failed", attempts=3, error="not an image"))
+            c.execute(Run.__table__.insert().values(**run_row("m2")))
         held = writer.connect()
         try:
             reader = open_db(f"sqlite:///{ro / 'w.db'}", create=False, read_only=True)
-            with reader.connect() as c:
-                assert c.execute(text("SELECT model FROM runs")).scalars().all() == ["m"]
+            with reader.connect() as c:  # the row still in the log is read too
+                assert c.execute(text("SELECT model FROM runs ORDER BY id")).scalars().all() == ["m", "m2"]
             reader.dispose()
             from click.testing import CliRunner
 
@@ -247,6 +255,12 @@ def test_a_database_in_a_folder_it_cannot_write_is_read_while_a_worker_has_it_op
         finally:
             held.close()
             writer.dispose()
+        # a -wal file without its -shm (what no clean stop leaves): SQLite cannot read it from here, said why
+        (src / "w.db-wal").touch()
+        with pytest.raises(StoreError, match=f"cannot open it read-only: unable to open database file \\({ro} is "
+                                             "not writable here, and SQLite reads a database with a -wal file beside "
+                                             "it through its -shm file, which it cannot create there"):
+            open_db(f"sqlite:///{ro / 'w.db'}", create=False, read_only=True)
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=True)
 

@@ -113,8 +113,9 @@ def _folder_hint(engine: Engine, error: Exception) -> str:
     folder = Path(path).absolute().parent
     if os.access(folder, os.W_OK):
         return ""
-    return (f" ({folder} is not writable here: SQLite in WAL mode needs the database's folder writable even to "
-            f"read it, for the -wal and -shm files beside it; {_WAYS_OUT})")
+    return (f" ({folder} is not writable here: SQLite in WAL mode needs the database's folder writable to write "
+            f"to it, for the -wal and -shm files beside it (query, stats, health and export only read it: they can); "
+            f"{_WAYS_OUT})")
 
 
 # what to do about a database folder this process cannot write, said by every error about one
@@ -248,12 +249,17 @@ def database(url: str, create: bool = True, read_only: bool = False) -> contextl
 
 def _reader(url: str, path: Path) -> Engine:
     """A database in a folder this process cannot write (another account's, a read-only mount), for a
-    command that only reads it. SQLite opens a WAL database read-only (`mode=ro`) while its -wal and
-    -shm files exist, that is while a worker has it open; it cannot be migrated from here, so it must
-    be at this worker's newest revision already."""
-    uri = "file:" + urllib.parse.quote(str(path)) + "?mode=ro"
+    command that only reads it. While a worker has it open, its -wal and -shm files exist and SQLite
+    reads it through them read-only (`mode=ro`). Without them no worker has it open, and the file holds
+    everything (the last connection to close folds the log in and deletes it): it is read as it is
+    (`immutable`, which needs no -shm). A worker that starts during such a read may make it fail (run
+    it again), never the database. It cannot be migrated from here, so it must be at this worker's
+    newest revision already."""
+    wal = path.with_name(path.name + "-wal")
 
-    def connect() -> sqlite3.Connection:
+    def connect() -> sqlite3.Connection:  # decided per connection: a worker may have started since
+        mode = "mode=ro" if wal.exists() else "mode=ro&immutable=1"
+        uri = "file:" + urllib.parse.quote(str(path)) + "?" + mode
         return sqlite3.connect(uri, uri=True, timeout=BUSY_TIMEOUT_MS / 1000, check_same_thread=False)
 
     engine = create_engine(url, creator=connect)
@@ -263,8 +269,8 @@ def _reader(url: str, path: Path) -> Engine:
         engine.dispose()
         said = getattr(e, "orig", None) or e  # the driver's words, without SQLAlchemy's statement and link
         raise StoreError(f"database {path}: cannot open it read-only: {said} ({path.parent} is not writable here, and "
-                         f"SQLite in WAL mode opens a database read-only only while a worker has it open, its -wal "
-                         f"and -shm files beside it; {_WAYS_OUT})") from None
+                         f"SQLite reads a database with a -wal file beside it through its -shm file, which it "
+                         f"cannot create there; {_WAYS_OUT})") from None
     if current != set(script.get_heads()):
         engine.dispose()
         raise StoreError(f"database {path}: its schema is at revision {', '.join(sorted(current)) or 'none'}, not "
