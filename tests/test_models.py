@@ -257,3 +257,27 @@ def test_a_model_cache_that_cannot_be_made_is_said_with_the_fix(tmp_path: Path) 
         assert out.exit_code != 0, command
         assert f"model cache: cannot create {blocker / 'cache'}/" in said and "Not a directory" in said, said
         assert "set cache_dir in the config to a folder this user can write" in said and "Traceback" not in said
+
+
+def test_a_model_cache_that_exists_but_cannot_be_written_is_said_with_the_fix(tmp_path: Path) -> None:
+    """A cache folder that is there but not writable (another account's, a read-only mount) is refused
+    before pip is asked to write into it. The tests run as root, whom file modes do not stop: a read-only
+    bind mount stops everyone."""
+    import subprocess
+
+    from worker.errors import ModelError
+    from worker.models.fetch import cache_folder
+
+    src, ro = tmp_path / "src", tmp_path / "ro"
+    (src / "packages" / "pkg-1.0").mkdir(parents=True)
+    ro.mkdir()
+    if subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here (needs root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+        with pytest.raises(ModelError, match=f"model cache: {ro / 'packages' / 'pkg-1.0'} is not writable by this "
+                                             r"user \(set cache_dir in the config to a folder this user can write\)"):
+            cache_folder(ro / "packages" / "pkg-1.0")
+        assert cache_folder(src / "packages" / "pkg-1.0") == src / "packages" / "pkg-1.0"  # writable: taken
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=True)
