@@ -97,6 +97,16 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     assert "page.png" in out.output and "bad.jpg" not in out.output
     out = r.invoke(cli, ["--config", str(conf), "query", "--since", "yesterday"])
     assert out.exit_code != 0 and "not an ISO date" in out.output
+    # a run that is not on record is said, not answered with nothing (or an empty COCO file: session 28)
+    for command in (["query"], ["stats"], ["retry"], ["export", "coco", "--model", "ppocr-det", "-o",
+                                                        str(tmp_path / "c.json")]):
+        out = r.invoke(cli, ["--config", str(conf), *command, "--run", "99"])
+        assert out.exit_code == 1 and str(out.exception) == "no run 99 on record (`worker stats` lists the latest " \
+                                                            "runs)", command
+    assert not (tmp_path / "c.json").exists()
+    for command in (["query", "--limit", "0"], ["stats", "--last", "0"]):  # before: all rows, and nothing
+        out = r.invoke(cli, ["--config", str(conf), *command])
+        assert out.exit_code == 2 and "is not in the range x>=1" in out.output, command
 
     out = r.invoke(cli, ["--config", str(conf), "stats", "--format", "json"])
     (run,) = json.loads(out.output, parse_constant=_not_json)
@@ -196,6 +206,10 @@ def test_readers_refuse_a_missing_database_and_run_says_when_it_found_nothing(tm
                      ("postgresql+nosuchdriver://u@h/d", "its driver is not installed")):
         out = r.invoke(cli, ["--config", str(_config(tmp_path)), "query", "--db", url])
         assert out.exit_code != 0 and why in str(out.exception), url
+    no_runs = f"sqlite:///{tmp_path / 'no-runs.db'}"  # made by `db upgrade`, nothing run yet
+    assert r.invoke(cli, ["db", "upgrade", "--db", no_runs]).exit_code == 0
+    out = r.invoke(cli, ["--config", str(_config(tmp_path)), "stats", "--db", no_runs])
+    assert out.exit_code == 0 and out.output == "no runs on record yet (`worker run` or `worker watch` records one)\n"
     empty = tmp_path / "empty"
     (empty / ".hidden.jpg").parent.mkdir()
     (empty / ".hidden.jpg").write_bytes(b"")

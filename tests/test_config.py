@@ -77,8 +77,22 @@ def test_missing_model_and_unwritable_outbox(cfg, tmp_path: Path) -> None:
         target = locked / "out"
     with pytest.raises(ConfigError, match="'outbox'"):
         run_folder(dataclasses.replace(cfg, outbox=target), folder)
-    with pytest.raises(ConfigError, match="must not be inside the input folder"):
+    with pytest.raises(ConfigError, match="must not be the input folder .* or inside it"):
         run_folder(dataclasses.replace(cfg, outbox=folder / "out"), folder)
+
+
+def test_watch_into_its_own_inbox_is_refused_as_such(cfg, tmp_path: Path) -> None:
+    """`worker watch --outbox` naming the inbox itself said `another worker watches into this outbox`:
+    its own inbox lock was in the way. Now it is refused for what it is, before any lock."""
+    import threading
+
+    from worker.service import watch
+
+    inbox = tmp_path / "in"
+    for outbox, archive in ((inbox, tmp_path / "archive"), (tmp_path / "out", inbox / "archive")):
+        bad = dataclasses.replace(cfg, inbox=inbox, outbox=outbox, archive=archive)
+        with pytest.raises(ConfigError, match=f"must not be the input folder {inbox} or inside it"):
+            watch(bad, threading.Event(), burst=True)
 
 
 def test_bundled_cards_and_cache_are_found_from_any_folder(tmp_path: Path, monkeypatch) -> None:

@@ -265,6 +265,21 @@ def test_a_database_in_a_folder_it_cannot_write_is_read_with_or_without_a_worker
         subprocess.run(["umount", "-l", str(ro)], check=True)
 
 
+def test_a_database_url_naming_a_folder_is_refused_as_such(tmp_path: Path) -> None:
+    """`--db sqlite:////srv/scans` (the folder, not a file in it) said only `migration to head failed:
+    unable to open database file`, with SQLAlchemy's link, from every command."""
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+
+    for create, read_only in ((True, False), (False, False), (False, True)):
+        with pytest.raises(StoreError, match=f"^{tmp_path} is a folder: --db \\(or the config's db\\) names the "
+                                             f"database file, e.g. sqlite:///{tmp_path}/worker.db$"):
+            open_db(f"sqlite:///{tmp_path}", create=create, read_only=read_only)
+    out = CliRunner().invoke(cli, ["query", "--db", f"sqlite:///{tmp_path}"])
+    assert out.exit_code != 0 and f"{tmp_path} is a folder" in out.output + out.stderr + str(out.exception), out.output
+
+
 def test_the_migrations_build_the_schema_the_models_describe(tmp_path: Path) -> None:
     """Alembic's own comparison: a model changed without a migration (or the reverse) fails here."""
     from alembic.autogenerate import compare_metadata
@@ -309,7 +324,9 @@ def test_query_filters_and_stats(cfg, tmp_path: Path, samples: Path) -> None:
     assert rels(path=f"{folder}/*/bad?.jpg") == bad[1:] and rels(path="/elsewhere/line3/page.png") == []
     assert rels(label="text", min_score=0.5) == ["line3/page.png"]
     assert rels(min_score=0.99999) == []
-    assert rels(run_id=summary.run_id) == rels() and rels(run_id=summary.run_id + 1) == []
+    assert rels(run_id=summary.run_id) == rels()
+    with pytest.raises(StoreError, match=f"no run {summary.run_id + 1} on record"):  # a typo, not "nothing"
+        rels(run_id=summary.run_id + 1)
     now = datetime.now(timezone.utc)
     assert rels(since=now - timedelta(hours=1)) == rels() and rels(since=now + timedelta(hours=1)) == []
     assert rels(until=now - timedelta(hours=1)) == []

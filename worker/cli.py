@@ -259,7 +259,7 @@ def _cell(v: Any, column: str = "") -> str:
 @label_filter
 @click.option("--min-score", type=float, help="Only images with a predicted class at or above this score.")
 @model_filter
-@click.option("--limit", type=int, default=1000, show_default=True)
+@click.option("--limit", type=click.IntRange(min=1), default=1000, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True)
 @db_option
 @click.pass_context
@@ -287,7 +287,7 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
 
 @cli.command()
 @click.option("--run", "run_id", type=int, help="One run (default: the last --last runs).")
-@click.option("--last", type=int, default=5, show_default=True)
+@click.option("--last", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @db_option
 @click.option("--warmup", default=None, help="Left out of the RSS slopes: 90s, 10m (default: metrics.warmup_s).")
@@ -310,6 +310,8 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
     if fmt == "json":
         click.echo(json.dumps(_nan_to_none(runs), indent=1))
         return
+    if not runs:
+        click.echo("no runs on record yet (`worker run` or `worker watch` records one)")
     for r in runs:
         m = r["memory"]
         click.echo(f"run {r['run']} {r['mode']} model={r['model']} providers={r['providers']} "

@@ -48,12 +48,19 @@ class Summary:
     inputs: str = ""  # what became of the inputs, when the pipeline moved or deleted them
 
 
+def _refuse_inside(cfg: Config, root: Path, archive: Path | None) -> None:
+    """The outbox or archive in the input folder would be read back as input (masks are images)."""
+    for name, path in (("outbox", cfg.outbox), ("archive", archive)):
+        if path is not None and path.resolve().is_relative_to(root.resolve()):
+            raise ConfigError(f"{cfg.source or 'config'}: '{name}' ({path}) must not be the input folder {root} "
+                              f"or inside it")
+
+
 def _check_dirs(cfg: Config, root: Path, archive: Path | None) -> None:
+    _refuse_inside(cfg, root, archive)
     for name, path in (("outbox", cfg.outbox), ("archive", archive)):
         if path is None:
             continue
-        if path.resolve().is_relative_to(root.resolve()):
-            raise ConfigError(f"{cfg.source or 'config'}: '{name}' ({path}) must not be inside the input folder {root}")
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -200,6 +207,8 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     if cfg.inputs.watch != "keep" and not os.access(inbox, os.W_OK):  # a read-only share: results still come
         log.error("%s is not writable: processed inputs cannot be moved or deleted; they stay in the inbox "
                   "(each is read once per start)", inbox)
+    # before the locks: an outbox that is the inbox would otherwise be said to be another watcher's
+    _refuse_inside(cfg, inbox, cfg.archive if cfg.inputs.watch in ("move", "delete") else None)
     with inbox_lock(inbox), outbox_lock(cfg.outbox, inbox):
         return _watch(cfg, inbox, stop, burst, on_finished, ready)
 

@@ -228,6 +228,9 @@ def open_db(url: str, create: bool = True, read_only: bool = False) -> Engine:
     read, and those that change existing rows) refuses a SQLite file that does not exist, instead of
     making an empty one at a mistyped path. `read_only` (query, stats, health, export): a SQLite file in
     a folder this process cannot write is opened read-only, unmigrated (see `_reader`)."""
+    if (path := sqlite_file(url)) is not None and path.is_dir():  # SQLite would say `unable to open database file`
+        raise StoreError(f"{path.absolute()} is a folder: --db (or the config's db) names the database file, "
+                         f"e.g. sqlite:///{(path / 'worker.db').absolute()}")
     if not create and (path := sqlite_file(url)) is not None and not path.exists():
         raise StoreError(f"no database at {path.absolute()} (`worker run` or `worker watch` makes it; "
                          f"--db or the config's db names another)")

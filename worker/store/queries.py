@@ -12,6 +12,7 @@ from typing import Any
 
 from sqlalchemy import Engine, and_, exists, func, select
 
+from worker.errors import StoreError
 from worker.jobs import JobStatus
 from worker.metrics import percentiles, slope_per_hour
 from worker.store.health import STALL_S, Beat, Health, assess, sample_period_s
@@ -99,6 +100,7 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
         stmt = stmt.where(and_(*conds))
     stmt = stmt.order_by(ImageRow.updated_at, ImageRow.id).limit(f.limit)
     with db.connect() as c:
+        _require_run(c, f.run_id)
         rows = c.execute(stmt).mappings().all()
     out = []
     for r in rows:
@@ -106,6 +108,13 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
         d["updated_at"] = d["updated_at"].isoformat() if d["updated_at"] else None
         out.append(d)
     return out
+
+
+def _require_run(c: Any, run_id: int | None) -> None:
+    """A run asked for by id that is not in the database is a mistake to say (a typo, another database),
+    not an empty answer: `query`, `stats`, `retry` and `export` said nothing, or wrote an empty file."""
+    if run_id is not None and c.execute(select(Run.id).where(Run.id == run_id)).first() is None:
+        raise StoreError(f"no run {run_id} on record (`worker stats` lists the latest runs)")
 
 
 STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms", "total_ms")
@@ -122,6 +131,7 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
     with db.connect() as c:
         q = select(Run).order_by(Run.id.desc()).limit(last)
         if run_id is not None:
+            _require_run(c, run_id)
             q = select(Run).where(Run.id == run_id)
         runs = c.execute(q).mappings().all()
         out = []
