@@ -93,6 +93,11 @@ def test_watch_into_its_own_inbox_is_refused_as_such(cfg, tmp_path: Path) -> Non
         bad = dataclasses.replace(cfg, inbox=inbox, outbox=outbox, archive=archive)
         with pytest.raises(ConfigError, match=f"must not be the input folder {inbox} or inside it"):
             watch(bad, threading.Event(), burst=True)
+    (tmp_path / "a-file").write_text("")
+    for path, why in ((tmp_path / "a-file", "is a file, not a folder"),
+                      (tmp_path / "a-file" / "in", "cannot be created: Not a directory")):
+        with pytest.raises(ConfigError, match=f"'inbox' \\({path}\\) {why}"):  # before: a traceback
+            watch(dataclasses.replace(cfg, inbox=path), threading.Event(), burst=True)
 
 
 def test_bundled_cards_and_cache_are_found_from_any_folder(tmp_path: Path, monkeypatch) -> None:

@@ -203,7 +203,11 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     `ready` is set once the model is warm and the observer is live: a file landing after that is
     seen by its event (for supervisors, and for the bench's steady feed)."""
     inbox = cfg.inbox.absolute()
-    inbox.mkdir(parents=True, exist_ok=True)
+    try:
+        inbox.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a file of that name, a folder above that cannot be written
+        why = "is a file, not a folder" if inbox.exists() else f"cannot be created: {e.strerror or e}"
+        raise ConfigError(f"{cfg.source or 'config'}: 'inbox' ({inbox}) {why}") from None
     if cfg.inputs.watch != "keep" and not os.access(inbox, os.W_OK):  # a read-only share: results still come
         log.error("%s is not writable: processed inputs cannot be moved or deleted; they stay in the inbox "
                   "(each is read once per start)", inbox)
