@@ -151,3 +151,20 @@ def test_the_bench_feeds_a_users_own_model_as_the_worker_does(tmp_path: Path) ->
     assert r.model == "tf" and r.images == 12
     assert min(r.bare_1t, r.bare_parallel, r.naive, r.naive_worker_pre, r.worker, r.steady_p50_ms) > 0
     assert any(line.startswith("    round 1: A 1 thread ") for line in said)
+
+
+def test_a_json_path_that_cannot_be_written_is_said_before_the_bench_runs(tmp_path: Path) -> None:
+    """`worker bench --json` wrote its file with a traceback at the end of its minutes when it could not;
+    a folder that cannot be made is said at once, and a folder given as the file by click."""
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+    from worker.errors import ConfigError
+
+    (tmp_path / "a-file").write_text("")
+    target = tmp_path / "a-file" / "b.json"
+    out = CliRunner().invoke(cli, ["bench", "--model", "efficientnet-lite0", "--json", str(target)])
+    assert isinstance(out.exception, ConfigError)  # main() prints it and exits 2
+    assert str(out.exception) == f"--json {target}: cannot make its folder: File exists"
+    out = CliRunner().invoke(cli, ["bench", "--model", "efficientnet-lite0", "--json", str(tmp_path)])
+    assert out.exit_code == 2 and "is a directory" in out.output

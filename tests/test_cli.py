@@ -271,6 +271,11 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
     assert len(r.invoke(cli, ["--config", str(conf), "query", "--model", "ppocr-det"]).output.splitlines()) <= 1
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "nothing/*"])
     assert json.loads(out.stdout)["images"] == [] and "no done results of model 'yolov3-tiny' match" in out.stderr
+    # an -o that cannot be written (a folder of that name): one line, not a traceback (session 28)
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "-o", str(tmp_path)])
+    assert out.exit_code == 1 and str(out.exception) == f"cannot write {tmp_path}: Is a directory"
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "-o", str(tmp_path / "new" / "c.json")])
+    assert out.exit_code == 0 and json.loads((tmp_path / "new" / "c.json").read_text())["images"]
 
 
 @pytest.mark.timeout(120)

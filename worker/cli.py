@@ -412,6 +412,17 @@ def retry(ctx: click.Context, path_glob: str | None, run_id: int | None, model: 
         click.echo(f"  {src} -> {dst}")
 
 
+def _write_file(path: Path, text: str) -> None:
+    """A file a command was asked to write (-o, --json), whole or not at all: whoever reads it never
+    finds half of it; a path that cannot be written is one line, not a traceback."""
+    from worker.outbox import write_atomic
+
+    try:
+        write_atomic(path, text.encode())
+    except OSError as e:  # a folder of that name, no permission, disk full
+        raise WorkerError(f"cannot write {path}: {e.strerror or e}") from None
+
+
 def _nan_to_none(value: Any) -> Any:
     """NaN (a run with no image done, too few samples for a slope) as None: JSON has no NaN."""
     if isinstance(value, dict):
@@ -490,7 +501,8 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
 @click.option("--images", "count", type=int, default=300, show_default=True, help="Images per corpus.")
 @click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True,
               help="Rounds of B and C, each bracketed by the 1-thread rate; the median round counts.")
-@click.option("--json", "json_out", type=click.Path(path_type=Path), help="Also write the figures as JSON here.")
+@click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the figures as JSON here.")
 @click.pass_context
 def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], count: int, rounds: int,
           json_out: Path | None) -> None:
@@ -504,9 +516,14 @@ def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], 
     from worker.service import DEMO_MODELS
 
     cfg = _load(ctx)
+    if json_out is not None:  # its folder made now: one that cannot be is said before the bench's minutes
+        try:
+            json_out.absolute().parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--json {json_out}: cannot make its folder: {e.strerror or e}") from None
     results = run_bench(cfg, models or DEMO_MODELS, widths or (640, 1920), count, click.echo, rounds)
     if json_out is not None:
-        json_out.write_text(json.dumps(as_dicts(results), indent=1))
+        _write_file(json_out, json.dumps(as_dicts(results), indent=1))
 
 
 @cli.command("config")
@@ -599,7 +616,7 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
     if output is None:
         click.echo(text)
     else:
-        output.write_text(text)
+        _write_file(output, text)
         click.echo(f"{output}: {len(doc['images'])} images, {len(doc['annotations'])} annotations")
 
 
