@@ -280,6 +280,16 @@ def test_a_database_url_naming_a_folder_is_refused_as_such(tmp_path: Path) -> No
     assert out.exit_code != 0 and f"{tmp_path} is a folder" in out.output + out.stderr + str(out.exception), out.output
 
 
+def test_a_file_that_is_not_a_database_is_said_in_the_drivers_words(tmp_path: Path) -> None:
+    """Any database that cannot be opened (not a database, a server down) said `migration to head
+    failed: (sqlite3.DatabaseError) ...` with SQLAlchemy's statement and link to its error page."""
+    photo = tmp_path / "a.jpg"
+    photo.write_bytes(b"\xff\xd8" + b"x" * 4096)
+    with pytest.raises(StoreError) as caught:
+        open_db(f"sqlite:///{photo}", create=False)
+    assert str(caught.value) == f"database sqlite:///{photo}: cannot open it: file is not a database"
+
+
 def test_the_migrations_build_the_schema_the_models_describe(tmp_path: Path) -> None:
     """Alembic's own comparison: a model changed without a migration (or the reverse) fails here."""
     from alembic.autogenerate import compare_metadata

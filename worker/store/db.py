@@ -90,17 +90,29 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         with _one_migrator(engine):
             # every command opens its database through here (a health check every few seconds, a query):
             # one at the newest revision reads it and is done, without the write lock a migration takes
-            current, script = _schema(engine, cfg)
+            try:
+                current, script = _schema(engine, cfg)
+            except Exception as e:  # not reached (a server down, a wrong password) or not a database: not migrating
+                raise StoreError(f"database {engine.url}: cannot open it: {driver_words(e)}"
+                                 f"{_folder_hint(engine, e)}") from e
             if revision == "head" and current == set(script.get_heads()):
                 return
-            _refuse_newer(current, script)
+            _refuse_newer(engine, current, script)
             with _migrating(engine) as conn:
                 if engine.dialect.name == "postgresql":  # held to the end of the transaction
                     conn.exec_driver_sql(f"SELECT pg_advisory_xact_lock({MIGRATION_LOCK_KEY})")
                 cfg.attributes["connection"] = conn
                 command.upgrade(cfg, revision)
+    except StoreError:
+        raise
     except Exception as e:
-        raise StoreError(f"database {engine.url}: migration to {revision} failed: {e}{_folder_hint(engine, e)}") from e
+        raise StoreError(f"database {engine.url}: migration to {revision} failed: {driver_words(e)}"
+                         f"{_folder_hint(engine, e)}") from e
+
+
+def driver_words(error: BaseException) -> BaseException:
+    """What the database driver said, without SQLAlchemy's statement and link to its error page."""
+    return getattr(error, "orig", None) or error
 
 
 def _folder_hint(engine: Engine, error: Exception) -> str:
@@ -163,7 +175,7 @@ def _schema(engine: Engine, cfg: AlembicConfig) -> tuple[set[str], ScriptDirecto
     return current, ScriptDirectory.from_config(cfg)
 
 
-def _refuse_newer(current: set[str], script: ScriptDirectory) -> None:
+def _refuse_newer(engine: Engine, current: set[str], script: ScriptDirectory) -> None:
     """A database migrated by a newer worker (its revision not among these scripts): Alembic said only
     `Can't locate revision identified by '0004'`. Say what happened and the two ways out."""
     known = {s.revision for s in script.walk_revisions()}
@@ -171,7 +183,8 @@ def _refuse_newer(current: set[str], script: ScriptDirectory) -> None:
         from worker import __version__
 
         newest = ", ".join(script.get_heads())
-        raise StoreError(f"its schema is at revision {', '.join(unknown)}, which worker {__version__} does not "
+        raise StoreError(f"database {engine.url}: its schema is at revision {', '.join(unknown)}, which worker "
+                         f"{__version__} does not "
                          f"know (its newest is {newest}): a newer worker migrated it. Run that worker, or with "
                          f"it `worker db downgrade {newest}` first")
 
@@ -207,12 +220,14 @@ def downgrade(engine: Engine, revision: str) -> None:
     cfg = alembic_config(engine)
     try:
         with _one_migrator(engine):
-            _refuse_newer(*_schema(engine, cfg))
+            _refuse_newer(engine, *_schema(engine, cfg))
             with _migrating(engine) as conn:
                 cfg.attributes["connection"] = conn
                 command.downgrade(cfg, revision)
+    except StoreError:
+        raise
     except Exception as e:
-        raise StoreError(f"database {engine.url}: migration down to {revision} failed: {e}") from e
+        raise StoreError(f"database {engine.url}: migration down to {revision} failed: {driver_words(e)}") from e
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -270,8 +285,7 @@ def _reader(url: str, path: Path) -> Engine:
         current, script = _schema(engine, alembic_config(engine))
     except Exception as e:
         engine.dispose()
-        said = getattr(e, "orig", None) or e  # the driver's words, without SQLAlchemy's statement and link
-        raise StoreError(f"database {path}: cannot open it read-only: {said} ({path.parent} is not writable here, and "
+        raise StoreError(f"database {path}: cannot open it read-only: {driver_words(e)} ({path.parent} is not writable here, and "
                          f"SQLite reads a database with a -wal file beside it through its -shm file, which it "
                          f"cannot create there; {_WAYS_OUT})") from None
     if current != set(script.get_heads()):
