@@ -279,7 +279,10 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
 
 
 @pytest.mark.timeout(120)
-def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
+def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path, ppocr_onnx: Path, sig: str) -> None:
+    """SIGHUP (the terminal a worker was started from goes away) drains as SIGINT does; before session 28 it
+    killed the worker on the spot, an attempt counted against each image in flight."""
     conf = _config(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "watch"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
@@ -287,13 +290,14 @@ def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path,
         assert wait_for(lambda: (tmp_path / "inbox").exists(), 60)
         shutil.copy(samples / "coffee.png", tmp_path / "inbox" / "coffee.png")
         assert wait_for(lambda: (tmp_path / "archive" / "done" / "coffee.png").exists(), 60)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(getattr(signal, sig))
         out, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, err
     assert "done 1, failed 0" in out and (tmp_path / "outbox" / "coffee.png.json").exists()
+    assert f"{sig}: finishing jobs in flight" in err
 
 
 @pytest.mark.timeout(120)

@@ -39,16 +39,23 @@ def _load(ctx: click.Context, inputs: Disposition | None = None, **overrides: An
 
 @contextlib.contextmanager
 def _two_stage_stop() -> Iterator[threading.Event]:
-    """First SIGINT/SIGTERM: stop intake and finish jobs in flight. Second: exit at once."""
+    """First SIGINT, SIGTERM or SIGHUP: stop intake and finish jobs in flight. Second: exit at once.
+
+    SIGHUP too: a terminal that goes away (an ssh session dropped) killed a worker started from it on the
+    spot, and each such death counts an attempt against every image in flight (3 quarantine one)."""
     stop = threading.Event()
 
     def handler(signum: int, _frame: Any) -> None:
         if stop.is_set():
             os._exit(128 + signum)
         stop.set()
-        print(f"\n{signal.Signals(signum).name}: finishing jobs in flight (again to exit now)", file=sys.stderr)
+        try:
+            print(f"\n{signal.Signals(signum).name}: finishing jobs in flight (again to exit now)", file=sys.stderr)
+        except (OSError, ValueError):  # the terminal is gone (SIGHUP): the stop matters, not the line
+            pass
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {sig: signal.signal(sig, handler) for sig in signals}
     try:
         yield stop
     finally:
