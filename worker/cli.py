@@ -55,7 +55,8 @@ def _two_stage_stop() -> Iterator[threading.Event]:
             pass
 
     signals = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
-    previous = {sig: signal.signal(sig, handler) for sig in signals}
+    # a signal ignored when the worker started stays ignored: `nohup worker watch &` ignores SIGHUP on purpose
+    previous = {sig: signal.signal(sig, handler) for sig in signals if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         yield stop
     finally:
