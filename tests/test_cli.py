@@ -217,6 +217,16 @@ def test_readers_refuse_a_missing_database_and_run_says_when_it_found_nothing(tm
     assert out.exit_code == 0 and f"note: no image under {empty}" in out.output
 
 
+def test_durations_are_finite_and_not_negative(tmp_path: Path) -> None:
+    """`soak --duration -5m` (or 0s, nan, inf) ran a soak of nothing, or of forever, and printed nan."""
+    r = CliRunner()
+    for value in ("0s", "-5m", "nan", "inf", "5x"):
+        out = r.invoke(cli, ["soak", "--duration", value, "--images", str(tmp_path)])
+        assert out.exit_code == 2 and f"'{value}' is not a duration such as 90s, 30m or 2h" in out.output, value
+    out = r.invoke(cli, ["stats", "--warmup", "-1m", "--db", f"sqlite:///{tmp_path / 'none.db'}"])
+    assert out.exit_code == 2 and "'-1m' is not a duration" in out.output
+
+
 def test_config_error_is_a_clear_message(tmp_path: Path) -> None:
     bad = tmp_path / "c.yaml"
     bad.write_text("pipeline: {max_batch: -1}\n")

@@ -449,15 +449,18 @@ def _or_dash(value: Any, spec: str = "") -> str:
     return format(value, spec)
 
 
-def _duration(value: str) -> float:
-    """'90s', '30m', '2h', '1d' or plain seconds -> seconds."""
+def _duration(value: str, least: float = 0.0) -> float:
+    """'90s', '30m', '2h', '1d' or plain seconds -> seconds, at least `least` (float() alone took -5m, nan
+    and inf: `soak --duration -5m` ran a soak of nothing and printed its latencies as nan)."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
-        if value[-1:] in units:
-            return float(value[:-1]) * units[value[-1]]
-        return float(value)
+        seconds = float(value[:-1]) * units[value[-1]] if value[-1:] in units else float(value)
     except ValueError:
-        raise click.BadParameter(f"{value!r} is not a duration such as 90s, 30m or 2h") from None
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < least:
+        raise click.BadParameter(f"{value!r} is not a duration such as 90s, 30m or 2h"
+                                 + (" (more than 0)" if least > 0 else ""))
+    return seconds
 
 
 @cli.command()
@@ -483,7 +486,7 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
 
     cfg = _load(ctx, **overrides)
     with _two_stage_stop() as stop:
-        v = run_soak(cfg, images, _duration(duration), stop, warmup_s=_duration(warmup) if warmup else None)
+        v = run_soak(cfg, images, _duration(duration, least=1e-9), stop, warmup_s=_duration(warmup) if warmup else None)
     click.echo(f"soak run {v.run_id}: {v.images} images in {v.seconds} s ({v.images / max(v.seconds, 1e-9):.1f} images/s)")
     if math.isnan(v.rss_slope_mb_per_h):  # the run ended within the warm-up: no trend to print
         click.echo(f"  RSS: peak {v.rss_peak_mb} MB; {v.samples} samples after the warm-up, too few for a slope")
@@ -491,8 +494,8 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
         click.echo(f"  RSS after warm-up: {v.rss_start_mb} -> {v.rss_end_mb} MB (growth {v.rss_end_mb - v.rss_start_mb:+.1f} MB, "
                    f"peak {v.rss_peak_mb} MB), slope {v.rss_slope_mb_per_h:.2f} MB/h over {v.samples} samples, "
                    f"{_or_dash(v.rss_late_slope_mb_per_h, '.2f')} MB/h over their second half (judged)")
-    click.echo(f"  latency ms: start p50 {v.p50_start_ms:.1f} p99 {v.p99_start_ms:.1f}; "
-               f"end p50 {v.p50_end_ms:.1f} p99 {v.p99_end_ms:.1f}")
+    click.echo(f"  latency ms: start p50 {_or_dash(v.p50_start_ms, '.1f')} p99 {_or_dash(v.p99_start_ms, '.1f')}; "
+               f"end p50 {_or_dash(v.p50_end_ms, '.1f')} p99 {_or_dash(v.p99_end_ms, '.1f')}")
     for note in v.notes:
         click.echo(f"  note: {note}")
     if v.passed:
