@@ -486,7 +486,8 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
 
     cfg = _load(ctx, **overrides)
     with _two_stage_stop() as stop:
-        v = run_soak(cfg, images, _duration(duration, least=1e-9), stop, warmup_s=_duration(warmup) if warmup else None)
+        v = run_soak(cfg, images, _duration(duration, least=1e-9), stop,
+                     warmup_s=_duration(warmup) if warmup else None)
     click.echo(f"soak run {v.run_id}: {v.images} images in {v.seconds} s ({v.images / max(v.seconds, 1e-9):.1f} images/s)")
     if math.isnan(v.rss_slope_mb_per_h):  # the run ended within the warm-up: no trend to print
         click.echo(f"  RSS: peak {v.rss_peak_mb} MB; {v.samples} samples after the warm-up, too few for a slope")

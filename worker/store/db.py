@@ -93,7 +93,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
             try:
                 current, script = _schema(engine, cfg)
             except Exception as e:  # not reached (a server down, a wrong password) or not a database: not migrating
-                raise StoreError(f"database {engine.url}: cannot open it: {driver_words(e)}"
+                raise StoreError(f"database {engine.url}: cannot open it: {_driver_words(e)}"
                                  f"{_folder_hint(engine, e)}") from e
             if revision == "head" and current == set(script.get_heads()):
                 return
@@ -106,11 +106,11 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     except StoreError:
         raise
     except Exception as e:
-        raise StoreError(f"database {engine.url}: migration to {revision} failed: {driver_words(e)}"
+        raise StoreError(f"database {engine.url}: migration to {revision} failed: {_driver_words(e)}"
                          f"{_folder_hint(engine, e)}") from e
 
 
-def driver_words(error: BaseException) -> BaseException:
+def _driver_words(error: BaseException) -> BaseException:
     """What the database driver said, without SQLAlchemy's statement and link to its error page."""
     return getattr(error, "orig", None) or error
 
@@ -227,7 +227,7 @@ def downgrade(engine: Engine, revision: str) -> None:
     except StoreError:
         raise
     except Exception as e:
-        raise StoreError(f"database {engine.url}: migration down to {revision} failed: {driver_words(e)}") from e
+        raise StoreError(f"database {engine.url}: migration down to {revision} failed: {_driver_words(e)}") from e
 
 
 def sqlite_file(url: str) -> Path | None:
@@ -285,9 +285,9 @@ def _reader(url: str, path: Path) -> Engine:
         current, script = _schema(engine, alembic_config(engine))
     except Exception as e:
         engine.dispose()
-        raise StoreError(f"database {path}: cannot open it read-only: {driver_words(e)} ({path.parent} is not writable here, and "
-                         f"SQLite reads a database with a -wal file beside it through its -shm file, which it "
-                         f"cannot create there; {_WAYS_OUT})") from None
+        raise StoreError(f"database {path}: cannot open it read-only: {_driver_words(e)} ({path.parent} is not "
+                         f"writable here, and SQLite reads a database with a -wal file beside it through its -shm "
+                         f"file, which it cannot create there; {_WAYS_OUT})") from None
     if current != set(script.get_heads()):
         engine.dispose()
         raise StoreError(f"database {path}: its schema is at revision {', '.join(sorted(current)) or 'none'}, not "
