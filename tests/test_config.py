@@ -47,6 +47,12 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> Non
     ("engine: [1]\n", "engine: expected a mapping"),
     ("engine:\n  require_gpu: 1\n", "'engine.require_gpu' must be true or false"),
     ("inbox: [\n", "not valid YAML"),
+    # 0 where it means nothing sensible: a sampler or a poller that never sleeps, a retried image quarantined untried
+    ("metrics:\n  memory_sample_s: 0\n", "'metrics.memory_sample_s' must be more than 0, got 0"),
+    ("watch:\n  poll_interval_s: 0.0\n", "'watch.poll_interval_s' must be more than 0, got 0.0"),
+    ("pipeline:\n  max_attempts: 0\n", "'pipeline.max_attempts' must be more than 0, got 0"),
+    ("watch:\n  settle_s: .inf\n", "'watch.settle_s' must be a non-negative number, got inf"),  # never settles
+    ("watch:\n  incomplete_s: .nan\n", "'watch.incomplete_s' must be a non-negative number, got nan"),
 ])
 def test_errors_name_file_and_key(tmp_path: Path, text: str, needle: str) -> None:
     p = tmp_path / "bad.yaml"

@@ -7,6 +7,7 @@ the config file's folder, so `worker --config /srv/line3/config.yaml` works from
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import types
 import typing
@@ -43,6 +44,10 @@ def default_cache_dir() -> Path:
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".gif")
 
 
+# a key where 0 means nothing sensible (a sampler or poller that never sleeps, a retried image quarantined untried)
+_POSITIVE = {"positive": True}
+
+
 @dataclass(frozen=True)
 class WatchConfig:
     # auto: polling where the inbox is on a network share (NFS, SMB: no inotify event for another machine's
@@ -52,7 +57,7 @@ class WatchConfig:
     # a file that looks cut short (a JPEG without its end marker, ...) waits until unchanged this long,
     # since its writer may come back (a resumed upload); 0: taken at once, as any other file
     incomplete_s: float = 30.0
-    poll_interval_s: float = 1.0  # polling observer period
+    poll_interval_s: float = field(default=1.0, metadata=_POSITIVE)  # polling observer period
     rescan_interval_s: float = 30.0  # periodic inbox rescan, catches missed events; 0 disables
     status_log_s: float = 300.0  # log a status line this often (done, failed, latency, RSS); 0 disables
 
@@ -76,7 +81,7 @@ class PipelineConfig:
     max_batch: int = 0  # micro-batch size (only for cards with dynamic_batch); 0 = 1 on CPU, 8 on a GPU
     max_delay_ms: float = 2.0  # how long the batcher waits to fill a batch
     max_pixels: int = 80_000_000  # refuse larger images before decoding them (decompression bombs)
-    max_attempts: int = 3  # an image that failed this many times is quarantined as failed
+    max_attempts: int = field(default=3, metadata=_POSITIVE)  # failed this many times: quarantined as failed
     jpeg_reduce: bool = False  # opt-in: decode big JPEGs at 1/2, 1/4, 1/8 scale (faster, results change slightly)
 
 
@@ -103,7 +108,7 @@ class OutputConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    memory_sample_s: float = 5.0  # memory sample period
+    memory_sample_s: float = field(default=5.0, metadata=_POSITIVE)  # memory sample period
     warmup_s: float = 60.0  # samples before this are left out of the RSS slopes
 
 
@@ -264,6 +269,8 @@ def build(cls: type[T], raw: Any, file: str, prefix: str) -> T:
                 f"{file}: unknown key '{prefix}{key}' (expected one of: {', '.join(sorted(fields))})"
             )
         kwargs[key] = _coerce(hints[key], value, file, f"{prefix}{key}")
+        if fields[key].metadata.get("positive") and not kwargs[key] > 0:
+            raise ConfigError(f"{file}: '{prefix}{key}' must be more than 0, got {value!r}")
     return cls(**kwargs)
 
 
@@ -297,8 +304,8 @@ def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{file}: '{key}' must be a non-negative integer, got {value!r}")
         return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if tp is float:  # YAML's .nan and .inf are floats too: a settle time of .inf never settles
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise ConfigError(f"{file}: '{key}' must be a non-negative number, got {value!r}")
         return float(value)
     if tp is str:
