@@ -281,3 +281,17 @@ def test_a_model_cache_that_exists_but_cannot_be_written_is_said_with_the_fix(tm
         assert cache_folder(src / "packages" / "pkg-1.0") == src / "packages" / "pkg-1.0"  # writable: taken
     finally:
         subprocess.run(["umount", "-l", str(ro)], check=True)
+
+
+@pytest.mark.parametrize("body, message", [
+    ("input: {size: [0, 224]}", r"'input.size' must be \[height, width\], each at least 1, got \[0, 224\]"),
+    ("preprocess: {std: [58.4, 0, 57.4]}", r"'preprocess.std' must be more than 0, got \[58.4, 0.0, 57.4\]"),
+    ("postprocess: {top_k: 0}", "'postprocess.top_k' must be at least 1, got 0"),
+    ("postprocess: {iou: 1.5}", "'postprocess.iou' is an overlap, 0-1, got 1.5"),
+])
+def test_card_values_that_would_spoil_every_image_are_refused(tmp_path: Path, body: str, message: str) -> None:
+    """Before session 28 these loaded: a std of 0 fed inf and nan to the model, silently; top_k 0 gave every
+    image an empty list of labels; a size of 0 failed every image in the resize."""
+    (tmp_path / "model.yaml").write_text(f"name: m\ntask: classify\nonnx: m.onnx\n{body}\n")
+    with pytest.raises(ConfigError, match=message):
+        load_card(tmp_path / "model.yaml")

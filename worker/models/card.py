@@ -206,8 +206,8 @@ def load_card(path: Path) -> ModelCard:
     card = dataclasses.replace(card, folder=path.parent.absolute())
     if (card.source is None) == (card.onnx is None):
         raise ConfigError(f"{path}: give exactly one of 'source' (a PyPI package) or 'onnx' (your own file)")
-    if len(card.input.size) != 2:
-        raise ConfigError(f"{path}: 'input.size' must be [height, width], got {list(card.input.size)}")
+    if len(card.input.size) != 2 or min(card.input.size) < 1:
+        raise ConfigError(f"{path}: 'input.size' must be [height, width], each at least 1, got {list(card.input.size)}")
     for key in ("mean", "std"):
         values = getattr(card.preprocess, key)
         if card.preprocess.color == "gray":
@@ -217,6 +217,8 @@ def load_card(path: Path) -> ModelCard:
         elif len(values) != 3:
             raise ConfigError(f"{path}: 'preprocess.{key}' must have 3 values, one per {card.preprocess.color} "
                               f"channel, got {list(values)}")
+    if min(card.preprocess.std) <= 0:  # every pixel divided by it: inf and nan into the model, silently
+        raise ConfigError(f"{path}: 'preprocess.std' must be more than 0, got {list(card.preprocess.std)}")
     top = 255 if card.preprocess.depth == 8 else 65535
     if not 0 <= card.preprocess.pad_value <= top:
         raise ConfigError(f"{path}: 'preprocess.pad_value' must be a pixel value, 0-{top} at depth "
@@ -226,6 +228,10 @@ def load_card(path: Path) -> ModelCard:
     if card.task == "segment" and card.preprocess.resize != "stretch":
         raise ConfigError(f"{path}: a segmenter's mask covers the whole image: 'preprocess.resize' must be "
                           f"stretch, got {card.preprocess.resize}")
+    if card.postprocess.top_k < 1:  # 0 gave every image an empty list of labels
+        raise ConfigError(f"{path}: 'postprocess.top_k' must be at least 1, got {card.postprocess.top_k}")
+    if not 0 <= card.postprocess.iou <= 1:
+        raise ConfigError(f"{path}: 'postprocess.iou' is an overlap, 0-1, got {card.postprocess.iou}")
     if card.postprocess.max_detections < 1:
         raise ConfigError(f"{path}: 'postprocess.max_detections' must be at least 1, "
                           f"got {card.postprocess.max_detections}")
