@@ -285,6 +285,12 @@ def _reader(url: str, path: Path) -> Engine:
         current, script = _schema(engine, alembic_config(engine))
     except Exception as e:
         engine.dispose()
+        files = (path, wal, path.with_name(path.name + "-shm"))
+        unreadable = [p for p in files if p.exists() and not os.access(p, os.R_OK)]
+        if unreadable:  # SQLite says `unable to open database file` for this too
+            raise StoreError(f"database {path}: cannot open it read-only: this account may not read "
+                             f"{', '.join(map(str, unreadable))} (give it read access, or run as the account that "
+                             f"writes it)") from None
         raise StoreError(f"database {path}: cannot open it read-only: {_driver_words(e)} ({path.parent} is not "
                          f"writable here, and SQLite reads a database with a -wal file beside it through its -shm "
                          f"file, which it cannot create there; {_WAYS_OUT})") from None
