@@ -94,13 +94,14 @@ def wanted_providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]
 class Engine:
     def __init__(self, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, input_name: str = "",
                  output_name: str = "", layout: str = "nchw", channels: int = 3, outputs: tuple[str, ...] = (),
-                 sizes_input: str = "") -> None:
+                 sizes_input: str = "", unloadable: str = "") -> None:
         """`layout`: the model input's axis order, nchw or nhwc (TensorFlow exports); `run` takes NCHW
         float32 either way and gives the input the model's layout and element type (float, float16, uint8).
         `channels`: what the card's preprocessing makes, 1 (gray) or 3 (check_input holds the model to it).
         `outputs`: several outputs that `run` joins along their last axis (a card's `postprocess.outputs`),
         instead of `output_name`'s one. `sizes_input`: a second input given each image's (width, height),
-        the network input's (a card's `input.sizes`)."""
+        the network input's (a card's `input.sizes`). `unloadable`: said after onnxruntime's words when it
+        cannot load the file (how to mend it)."""
         if (warning := conflicting_builds(installed_onnxruntime_builds())) is not None:
             log.warning(warning)
         self.device_id = cfg.device_id
@@ -115,7 +116,7 @@ class Engine:
         try:
             self.session = ort.InferenceSession(str(onnx_path), sess_options=opts, providers=wanted)
         except Exception as e:
-            raise ModelError(f"{onnx_path}: onnxruntime cannot load it: {e}") from None
+            raise ModelError(f"{onnx_path}: onnxruntime cannot load it: {e}{unloadable}") from None
         self.providers: list[str] = self.session.get_providers()
         log.info("onnxruntime %s, active providers: %s", ort.__version__, ", ".join(self.providers))
         if cfg.require_gpu and "CUDAExecutionProvider" not in self.providers:
@@ -161,15 +162,12 @@ class Engine:
     @classmethod
     def for_card(cls, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, card: ModelCard) -> "Engine":
         """The engine as a model card describes its model's inputs and outputs."""
-        try:
-            return cls(onnx_path, cfg, intra_op_threads, card.input.name, card.postprocess.output, card.input.layout,
-                       card.preprocess.channels, card.postprocess.outputs, card.input.sizes)
-        except ModelError as e:
-            if card.source is None or not str(e).startswith(f"{onnx_path}: onnxruntime cannot load it"):
-                raise
-            # built by `models pull` (whole, or not at all): damaged since, on a failing disk or by hand
-            raise ModelError(f"{e} (built from {card.source.package}: delete {onnx_path} and `worker models pull "
-                             f"{card.name}` builds it again)") from None
+        # a file `models pull` built (whole, or not at all) that cannot be loaded was damaged since (a failing
+        # disk, an edit): building it again mends it
+        rebuild = "" if card.source is None else (f" (built from {card.source.package}: delete {onnx_path} and "
+                                                  f"`worker models pull {card.name}` builds it again)")
+        return cls(onnx_path, cfg, intra_op_threads, card.input.name, card.postprocess.output, card.input.layout,
+                   card.preprocess.channels, card.postprocess.outputs, card.input.sizes, rebuild)
 
     @property
     def on_gpu(self) -> bool:
