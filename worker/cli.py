@@ -449,17 +449,18 @@ def _or_dash(value: Any, spec: str = "") -> str:
     return format(value, spec)
 
 
-def _duration(value: str, least: float = 0.0) -> float:
-    """'90s', '30m', '2h', '1d' or plain seconds -> seconds, at least `least` (float() alone took -5m, nan
-    and inf: `soak --duration -5m` ran a soak of nothing and printed its latencies as nan)."""
+def _duration(value: str, positive: bool = False) -> float:
+    """'90s', '30m', '2h', '1d' or plain seconds -> seconds, finite, not negative, and more than 0 if
+    `positive` (float() alone took -5m, nan and inf: `soak --duration -5m` ran a soak of nothing and
+    printed its latencies as nan)."""
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     try:
         seconds = float(value[:-1]) * units[value[-1]] if value[-1:] in units else float(value)
     except ValueError:
         seconds = math.nan
-    if not math.isfinite(seconds) or seconds < least:
+    if not math.isfinite(seconds) or seconds < 0 or (positive and seconds == 0):
         raise click.BadParameter(f"{value!r} is not a duration such as 90s, 30m or 2h"
-                                 + (" (more than 0)" if least > 0 else ""))
+                                 + (" (more than 0)" if positive else ""))
     return seconds
 
 
@@ -486,7 +487,7 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
 
     cfg = _load(ctx, **overrides)
     with _two_stage_stop() as stop:
-        v = run_soak(cfg, images, _duration(duration, least=1e-9), stop,
+        v = run_soak(cfg, images, _duration(duration, positive=True), stop,
                      warmup_s=_duration(warmup) if warmup else None)
     click.echo(f"soak run {v.run_id}: {v.images} images in {v.seconds} s ({v.images / max(v.seconds, 1e-9):.1f} images/s)")
     if math.isnan(v.rss_slope_mb_per_h):  # the run ended within the warm-up: no trend to print

@@ -48,6 +48,11 @@ class Summary:
     inputs: str = ""  # what became of the inputs, when the pipeline moved or deleted them
 
 
+def _archive(cfg: Config, inputs: Disposition | None) -> Path | None:
+    """Where processed inputs go: the archive when they are moved (or, failed, kept there), else nowhere."""
+    return cfg.archive if inputs in ("move", "delete") else None
+
+
 def _refuse_inside(cfg: Config, root: Path, archive: Path | None) -> None:
     """The outbox or archive in the input folder would be read back as input (masks are images)."""
     for name, path in (("outbox", cfg.outbox), ("archive", archive)):
@@ -117,7 +122,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
 
     `inputs`: what becomes of each input once its outcome is committed (None: nothing, nor any wait)."""
     cfg = dataclasses.replace(cfg, outbox=cfg.outbox.absolute())  # as recorded: see _warn_shared_outbox
-    archive = cfg.archive if inputs in ("move", "delete") else None
+    archive = _archive(cfg, inputs)
     _check_dirs(cfg, root, archive)
     stabilize_allocator()
     card = find_card(cfg.models_dir, cfg.model)  # a mistyped model name: refused before a database is made
@@ -212,7 +217,7 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
         log.error("%s is not writable: processed inputs cannot be moved or deleted; they stay in the inbox "
                   "(each is read once per start)", inbox)
     # before the locks: an outbox that is the inbox would otherwise be said to be another watcher's
-    _refuse_inside(cfg, inbox, cfg.archive if cfg.inputs.watch in ("move", "delete") else None)
+    _refuse_inside(cfg, inbox, _archive(cfg, cfg.inputs.watch))
     with inbox_lock(inbox), outbox_lock(cfg.outbox, inbox):
         return _watch(cfg, inbox, stop, burst, on_finished, ready)
 

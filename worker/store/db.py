@@ -184,9 +184,8 @@ def _refuse_newer(engine: Engine, current: set[str], script: ScriptDirectory) ->
 
         newest = ", ".join(script.get_heads())
         raise StoreError(f"database {engine.url}: its schema is at revision {', '.join(unknown)}, which worker "
-                         f"{__version__} does not "
-                         f"know (its newest is {newest}): a newer worker migrated it. Run that worker, or with "
-                         f"it `worker db downgrade {newest}` first")
+                         f"{__version__} does not know (its newest is {newest}): a newer worker migrated it. Run "
+                         f"that worker, or with it `worker db downgrade {newest}` first")
 
 
 def _heads(conn: Connection) -> set[str]:
@@ -243,18 +242,20 @@ def open_db(url: str, create: bool = True, read_only: bool = False) -> Engine:
     read, and those that change existing rows) refuses a SQLite file that does not exist, instead of
     making an empty one at a mistyped path. `read_only` (query, stats, health, export): a SQLite file in
     a folder this process cannot write is opened read-only, unmigrated (see `_reader`)."""
-    if (path := sqlite_file(url)) is not None and path.is_dir():  # SQLite would say `unable to open database file`
-        raise StoreError(f"{path.absolute()} is a folder: --db (or the config's db) names the database file, "
-                         f"e.g. sqlite:///{(path / 'worker.db').absolute()}")
-    if not create and (path := sqlite_file(url)) is not None and not path.exists():
-        raise StoreError(f"no database at {path.absolute()} (`worker run` or `worker watch` makes it; "
-                         f"--db or the config's db names another)")
-    if read_only and (path := sqlite_file(url)) is not None and not os.access(path.absolute().parent, os.W_OK):
-        return _reader(url, path.absolute())
-    if create and (path := sqlite_file(url)) is not None and (share := network_filesystem(path.absolute().parent)):
-        log.warning("database %s is on a network share (%s): SQLite's WAL mode needs a local disk (a share's "
-                    "locks are not to be trusted, and no other machine can use the file meanwhile): put it on a "
-                    "local disk, or use PostgreSQL", path.absolute(), share)
+    if (file := sqlite_file(url)) is not None:
+        path = file.absolute()
+        if path.is_dir():  # SQLite would say `unable to open database file`
+            raise StoreError(f"{path} is a folder: --db (or the config's db) names the database file, "
+                             f"e.g. sqlite:///{path / 'worker.db'}")
+        if not create and not path.exists():
+            raise StoreError(f"no database at {path} (`worker run` or `worker watch` makes it; "
+                             f"--db or the config's db names another)")
+        if read_only and not os.access(path.parent, os.W_OK):
+            return _reader(url, path)
+        if create and (share := network_filesystem(path.parent)):
+            log.warning("database %s is on a network share (%s): SQLite's WAL mode needs a local disk (a share's "
+                        "locks are not to be trusted, and no other machine can use the file meanwhile): put it on a "
+                        "local disk, or use PostgreSQL", path, share)
     engine = make_engine(url)
     upgrade(engine)
     return engine
