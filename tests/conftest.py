@@ -3,11 +3,14 @@ inbox/outbox/archive/database per test, and a check that no test leaks threads."
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -57,6 +60,19 @@ def run_on(tmp: Path, samples: Path, names, model: str):
     cfg = dataclasses.replace(base, outbox=tmp / "outbox", db=f"sqlite:///{tmp / 'w.db'}", cache_dir=CACHE,
                               models_dir=ROOT / "models", model=model)
     return cfg, run_folder(cfg, folder)
+
+
+@contextlib.contextmanager
+def read_only_view(src: Path, at: Path) -> Iterator[Path]:
+    """`src` bind-mounted read-only at `at` (a folder) for the block: a read-only share, or another account's
+    folder, which stops root too (file modes do not). Skips the test where it cannot mount (not root)."""
+    if subprocess.run(["mount", "--bind", str(src), str(at)], capture_output=True).returncode:
+        pytest.skip("cannot bind-mount here (needs root)")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(at)], check=True)
+        yield at
+    finally:
+        subprocess.run(["umount", "-l", str(at)], check=True)
 
 
 @pytest.fixture

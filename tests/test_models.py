@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, read_only_view
 from worker.errors import ConfigError, ModelError
 from worker.models.card import SourceFile, accepted_digests, find_card, list_cards, load_card, settings_digest
 from worker.models.fetch import download, extract
@@ -279,7 +279,6 @@ def test_a_model_cache_that_exists_but_cannot_be_written_is_said_with_the_fix(tm
     """A cache folder that is there but not writable (another account's, a read-only mount) is refused
     before pip is asked to write into it. The tests run as root, whom file modes do not stop: a read-only
     bind mount stops everyone."""
-    import subprocess
 
     from worker.errors import ModelError
     from worker.models.fetch import cache_folder
@@ -287,16 +286,11 @@ def test_a_model_cache_that_exists_but_cannot_be_written_is_said_with_the_fix(tm
     src, ro = tmp_path / "src", tmp_path / "ro"
     (src / "packages" / "pkg-1.0").mkdir(parents=True)
     ro.mkdir()
-    if subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode:
-        pytest.skip("cannot bind-mount here (needs root)")
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+    with read_only_view(src, ro):
         with pytest.raises(ModelError, match=f"model cache: {ro / 'packages' / 'pkg-1.0'} is not writable by this "
                                              r"user \(set cache_dir in the config to a folder this user can write\)"):
             cache_folder(ro / "packages" / "pkg-1.0")
         assert cache_folder(src / "packages" / "pkg-1.0") == src / "packages" / "pkg-1.0"  # writable: taken
-    finally:
-        subprocess.run(["umount", "-l", str(ro)], check=True)
 
 
 @pytest.mark.parametrize("body, message", [

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from sqlalchemy import func, inspect, select, text
 
-from tests.conftest import image_rows, wait_for
+from tests.conftest import image_rows, read_only_view, wait_for
 from worker.errors import StoreError
 from worker.metrics import percentiles, slope_per_hour
 from worker.service import run_folder, watch
@@ -218,10 +218,7 @@ def test_a_database_in_a_folder_it_cannot_write_is_read_with_or_without_a_worker
                                                      size=5, status="failed", attempts=3, error="not an image"))
     engine.dispose()
     assert not (src / "w.db-wal").exists()  # closed: the log folded in and deleted
-    if subprocess.run(["mount", "--bind", str(src), str(ro)], capture_output=True).returncode:
-        pytest.skip("cannot bind-mount here (needs root)")
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+    with read_only_view(src, ro):
         with pytest.raises(StoreError, match=f"{ro} is not writable here: SQLite in WAL mode needs the database's "
                                              "folder writable to write to it"):
             open_db(f"sqlite:///{ro / 'w.db'}", create=False)
@@ -261,8 +258,6 @@ def test_a_database_in_a_folder_it_cannot_write_is_read_with_or_without_a_worker
                                              "not writable here, and SQLite reads a database with a -wal file beside "
                                              "it through its -shm file, which it cannot create there"):
             open_db(f"sqlite:///{ro / 'w.db'}", create=False, read_only=True)
-    finally:
-        subprocess.run(["umount", "-l", str(ro)], check=True)
 
 
 def test_a_database_url_naming_a_folder_is_refused_as_such(tmp_path: Path) -> None:

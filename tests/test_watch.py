@@ -16,7 +16,7 @@ from typing import Iterator
 
 import pytest
 
-from tests.conftest import image_rows, wait_for
+from tests.conftest import image_rows, read_only_view, wait_for
 from worker.intake.scan import is_candidate
 from worker.intake import watch as watch_module
 from worker.intake.watch import MOVE_PAIRING_S, Intake, start_observer
@@ -212,17 +212,13 @@ def test_an_inbox_deleted_and_made_again_is_watched_again(cfg, samples: Path, ob
 def test_a_read_only_inbox_gives_results_and_reads_each_file_once(cfg, samples: Path, caplog) -> None:
     """A read-only share as the inbox: inputs cannot be moved out. Each gets its result, the log says
     why it stays (once per file, not at every rescan), and rescans do not read it again."""
-    import subprocess
 
     src = cfg.inbox.parent / "share"
     src.mkdir()
     for name in ("coffee.png", "chelsea.png"):
         shutil.copy(samples / name, src / name)
     cfg.inbox.mkdir(parents=True)
-    if subprocess.run(["mount", "--bind", str(src), str(cfg.inbox)], capture_output=True).returncode:
-        pytest.skip("cannot bind-mount here (needs root)")
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(cfg.inbox)], check=True)
+    with read_only_view(src, cfg.inbox):
         cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, rescan_interval_s=0.2))
         with Watching(cfg) as w:
             assert w.ready.wait(120) and w.error is None
@@ -230,8 +226,6 @@ def test_a_read_only_inbox_gives_results_and_reads_each_file_once(cfg, samples: 
         assert sorted(w.finished[:2]) == [("chelsea.png", JobStatus.DONE), ("coffee.png", JobStatus.DONE)]
         assert "is not writable" in caplog.text and caplog.text.count("cannot archive") == 2
         assert w.summary.figures["done"] == 2 and not [p for p in cfg.archive.rglob("*") if p.is_file()]
-    finally:
-        subprocess.run(["umount", "-l", str(cfg.inbox)], check=True)
 
 
 def test_an_archive_on_a_full_disk_is_said_once_and_tried_at_each_rescan(cfg, samples: Path, caplog) -> None:
