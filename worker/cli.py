@@ -847,11 +847,9 @@ def main() -> None:
         click.echo(f"error: {e}", err=True)
         sys.exit(e.exit_code)
     except DBAPIError as e:  # a command's own statement refused (`retry` by an account that may only read)
-        said = str(e.orig)
-        why = (" (this account may read the database but not write it: SQLite writes need the database, its "
-               "-wal and -shm files and their folder writable; run as the account that writes it)"
-               if "readonly database" in said else "")
-        click.echo(f"error: database: {said}{why}", err=True)
+        from worker.store.db import refused_write_hint
+
+        click.echo(f"error: database: {e.orig}{refused_write_hint(str(e.orig))}", err=True)
         sys.exit(1)
 
 

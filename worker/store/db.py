@@ -134,6 +134,15 @@ def _folder_hint(engine: Engine, error: Exception) -> str:
 _WAYS_OUT = "run as the account that writes it, give this one write access to the folder, or use PostgreSQL"
 
 
+def refused_write_hint(said: str) -> str:
+    """Why SQLite refused a statement that writes (`attempt to write a readonly database`) to an account
+    that may only read: `worker retry` beside a running worker, from another account."""
+    if "readonly database" not in said:
+        return ""
+    return (" (this account may read the database but not write it: SQLite writes need the database, its -wal and "
+            "-shm files and their folder writable; run as the account that writes it)")
+
+
 @contextlib.contextmanager
 def _migrating(engine: Engine) -> Iterator[Connection]:
     """A connection in a transaction for Alembic. On SQLite, with foreign keys off until it ends: batch
