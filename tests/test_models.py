@@ -100,6 +100,7 @@ def test_hash_mismatch_is_refused(tmp_path: Path) -> None:
     archive = tmp_path / "pkg-1.0-py3-none-any.whl"
     with zipfile.ZipFile(archive, "w") as zf:
         zf.writestr("pkg/model.onnx", b"tampered")
+    (tmp_path / "out").mkdir()
     with pytest.raises(ModelError, match="sha256 .* does not match"):
         extract(archive, (SourceFile("model", "pkg/model.onnx", "0" * 64),), tmp_path / "out")
     assert not list((tmp_path / "out").glob("*"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from worker.models.card import SourceFile
-from worker.models.fetch import download, extract
+from worker.models.fetch import cache_folder, download, extract
 
 PACKAGE = "scikit-image==0.26.0"
 IMAGES = (
@@ -27,5 +27,5 @@ def fetch_samples(cache_dir: Path) -> Path:
     if all((dest / f.role).exists() for f in IMAGES):
         return dest
     archive = download(PACKAGE, "wheel", cache_dir / "packages")
-    extract(archive, IMAGES, dest)
+    extract(archive, IMAGES, cache_folder(dest))
     return dest

