@@ -10,12 +10,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from sqlalchemy import func, inspect, select, text
 
 from tests.conftest import image_rows, read_only_view, wait_for
 from worker.errors import StoreError
-from worker.metrics import percentiles, slope_per_hour
+from worker.metrics import percentiles, slope_per_hour, slope_se_per_hour
 from worker.service import run_folder, watch
 from worker.store.db import downgrade, make_engine, open_db, upgrade
 from worker.store.queries import Filters, glob_to_like, query_images, run_stats
@@ -349,6 +350,24 @@ def test_percentiles_and_slope() -> None:
     t = [0, 600, 1200, 1800, 3600]
     assert abs(slope_per_hour(t, [100 + 2 * x / 3600 for x in t]) - 2.0) < 1e-9
     assert slope_per_hour([0, 1], [1, 2]) != slope_per_hour([0, 1], [1, 2])  # nan with too few points
+
+
+def test_a_slopes_standard_error_counts_how_rss_wanders_not_only_its_scatter() -> None:
+    """Session 29's 100-minute soak: RSS wandered by +-4 MB over minutes, and a second half with no leak
+    in it fitted 3.8 MB/h, which the samples' own scatter (each taken as independent) called
+    significant. The error read from block means is what a verdict can trust."""
+    t = np.arange(0, 3000, 5.0)  # 50 minutes sampled every 5 s
+    noise = np.random.default_rng(1).normal(0, 0.7, t.size)
+    wander = 180 + 3 * np.sin(2 * np.pi * t / 1100)  # no trend: a slow swing of 3 MB
+    slope, se = slope_per_hour(t, wander + noise), slope_se_per_hour(t, wander + noise)
+    h = t / 3600
+    residuals = wander + noise - np.polyval(np.polyfit(h, wander + noise, 1), h)
+    naive = np.sqrt((residuals ** 2).sum() / (t.size - 2) / ((h - h.mean()) ** 2).sum())
+    assert abs(slope) > 2 * naive  # "a trend", to the sample-by-sample error
+    assert abs(slope) < 2 * se and se > 3 * naive  # within the noise, to the block means' error
+    leak = 180 + 10 * h + noise  # a steady leak of 10 MB/h: its slope stands clear of its error
+    assert abs(slope_per_hour(t, leak) - 10) < 1 and slope_se_per_hour(t, leak) < 1
+    assert np.isnan(slope_se_per_hour(t[:15], leak[:15]))  # too few samples for 8 blocks of 2
 
 
 def test_memory_trend_judges_the_second_half_after_warm_up(tmp_path: Path) -> None:

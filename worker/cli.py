@@ -339,7 +339,8 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
         if m["samples"]:
             every = f" (1 in {m['sample_stride']} of {m['samples']})" if m["sample_stride"] > 1 else ""
             slopes = (f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples{every} after warm-up, "
-                      f"{_or_dash(m['late_slope_mb_per_h'])} MB/h over their second half"
+                      f"{_or_dash(m['late_slope_mb_per_h'])}{_plus_minus(m.get('late_slope_se_mb_per_h'))} MB/h over "
+                      f"their second half"
                       if not math.isnan(m["slope_mb_per_h"]) else
                       f"too few samples after the {warm:g} s warm-up for a slope (--warmup)")
             click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), {slopes}")
@@ -449,6 +450,11 @@ def _or_dash(value: Any, spec: str = "") -> str:
     return format(value, spec)
 
 
+def _plus_minus(se: Any) -> str:
+    """' +- 1.94' after a slope with its standard error, nothing where there is none."""
+    return "" if _or_dash(se) == "-" else f" +- {se:.2f}"
+
+
 def _duration(value: str, positive: bool = False) -> float:
     """'90s', '30m', '2h', '1d' or plain seconds -> seconds, finite, not negative, and more than 0 if
     `positive` (float() alone took -5m, nan and inf: `soak --duration -5m` ran a soak of nothing and
@@ -495,7 +501,8 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
     else:
         click.echo(f"  RSS after warm-up: {v.rss_start_mb} -> {v.rss_end_mb} MB (growth {v.rss_end_mb - v.rss_start_mb:+.1f} MB, "
                    f"peak {v.rss_peak_mb} MB), slope {v.rss_slope_mb_per_h:.2f} MB/h over {v.samples} samples, "
-                   f"{_or_dash(v.rss_late_slope_mb_per_h, '.2f')} MB/h over their second half (judged)")
+                   f"{_or_dash(v.rss_late_slope_mb_per_h, '.2f')}{_plus_minus(v.rss_late_slope_se_mb_per_h)} MB/h over their "
+                   f"second half (judged)")
     click.echo(f"  latency ms: start p50 {_or_dash(v.p50_start_ms, '.1f')} p99 {_or_dash(v.p99_start_ms, '.1f')}; "
                f"end p50 {_or_dash(v.p50_end_ms, '.1f')} p99 {_or_dash(v.p99_end_ms, '.1f')}")
     for note in v.notes:

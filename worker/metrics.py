@@ -55,6 +55,31 @@ def slope_per_hour(seconds: Sequence[float], values: Sequence[float]) -> float:
     return float(slope * 3600.0)
 
 
+# consecutive memory samples are not independent (RSS wanders with the buffers in flight over minutes):
+# a slope's uncertainty is read from the means of this many consecutive runs of samples instead
+SLOPE_BLOCKS = 8
+
+
+def slope_se_per_hour(seconds: Sequence[float], values: Sequence[float], blocks: int = SLOPE_BLOCKS) -> float:
+    """Standard error of `slope_per_hour(seconds, values)`, per hour, from the scatter about the line of
+    the means of `blocks` consecutive runs of samples; nan with fewer than 2 samples per block.
+
+    The samples' own scatter would understate it: a series that wanders for minutes at a time moves
+    every sample of those minutes together, and a least-squares line through it tilts with them."""
+    if len(seconds) < 2 * blocks or blocks < 3:
+        return float("nan")
+    t = np.asarray(seconds, dtype=np.float64) / 3600.0
+    y = np.asarray(values, dtype=np.float64)
+    runs = np.array_split(np.arange(len(t)), blocks)
+    tb = np.array([t[r].mean() for r in runs])
+    yb = np.array([y[r].mean() for r in runs])
+    spread = ((tb - tb.mean()) ** 2).sum()
+    if spread == 0:
+        return float("nan")
+    residuals = yb - np.polyval(np.polyfit(tb, yb, 1), tb)
+    return float(np.sqrt((residuals ** 2).sum() / (blocks - 2) / spread))
+
+
 def _glibc() -> Any:
     """glibc through ctypes, or None (other platforms and C libraries)."""
     import ctypes

@@ -26,6 +26,7 @@ class SoakVerdict:
     seconds: float
     rss_slope_mb_per_h: float  # least squares over every sample after warm-up
     rss_late_slope_mb_per_h: float  # ... over the second half of those: what the verdict judges
+    rss_late_slope_se_mb_per_h: float  # its standard error (nan: too few samples to tell)
     rss_start_mb: float  # first sample after warm-up
     rss_end_mb: float
     rss_peak_mb: float
@@ -49,7 +50,9 @@ class SoakVerdict:
 
 # RSS moves by about this much from sample to sample with no trend (the buffers in flight at that
 # moment; seen here: a standard deviation of 0.7-1.3 MB over 7-minute windows of a flat soak): a
-# slope over a window of T hours is resolved only above RSS_NOISE_MB / T
+# slope over a window of T hours is resolved only above RSS_NOISE_MB / T. A run whose RSS wanders more
+# (session 29: +-4 MB over minutes at 200 images/s) resolves only what its own wandering allows:
+# twice the slope's standard error (worker.metrics.slope_se_per_hour), when that is more
 RSS_NOISE_MB = 1.0
 
 
@@ -64,10 +67,16 @@ def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[li
     notes: list[str] = []
     late = mem.get("late_slope_mb_per_h", float("nan"))
     span_h = mem.get("late_span_s", 0.0) / 3600
-    resolved = RSS_NOISE_MB / span_h if span_h > 0 else math.inf  # MB/h this window tells from noise
+    se = mem.get("late_slope_se_mb_per_h", float("nan"))
+    # the slope this window tells from noise, and why
+    resolved = RSS_NOISE_MB / span_h if span_h > 0 else math.inf
+    why = f"RSS noise about {RSS_NOISE_MB:.0f} MB"
     longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
               if limit > 0 else "no soak resolves a limit of 0 MB/h")
-    beyond = f"slopes above about {resolved:.0f} MB/h (RSS noise about {RSS_NOISE_MB:.0f} MB): {longer}"
+    if math.isfinite(se) and 2 * se > resolved:  # RSS wandered more than that noise allows for
+        resolved, why = 2 * se, f"twice the slope's standard error, {se:.2f} MB/h, from how far RSS wandered"
+        longer = f"a longer soak to judge {limit} MB/h" if limit > 0 else longer
+    beyond = f"slopes above about {resolved:.0f} MB/h ({why}): {longer}"
     if math.isnan(late):  # a run stopped, or set, shorter than its warm-up: no trend either way
         inconclusive.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend "
                             f"({longer})")
@@ -118,6 +127,7 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
         failures.append(f"p99 latency grew from {start['p99']:.1f} to {end['p99']:.1f} ms (limit x{ratio})")
     return SoakVerdict(run_id=run_id, images=n, seconds=round(seconds, 1), rss_slope_mb_per_h=slope,
                        rss_late_slope_mb_per_h=late,
+                       rss_late_slope_se_mb_per_h=mem.get("late_slope_se_mb_per_h", float("nan")),
                        rss_start_mb=mem.get("steady_start_mb", float("nan")),
                        rss_end_mb=mem.get("steady_end_mb", float("nan")),
                        rss_peak_mb=mem.get("rss_peak_mb", float("nan")), samples=mem.get("steady_samples", 0),

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, and_, exists, func, select
 
 from worker.errors import StoreError
 from worker.jobs import JobStatus
-from worker.metrics import percentiles, slope_per_hour
+from worker.metrics import percentiles, slope_per_hour, slope_se_per_hour
 from worker.store.health import STALL_S, Beat, Health, assess, sample_period_s
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
@@ -237,11 +237,14 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sam
         # the second half of the steady state: a leak still grows there, while the allocator's and
         # onnxruntime's settling steps (a few MB, in the first minutes) are behind it (see README: soak)
         late = [(t, m) for t, m in steady if t >= (steady[0][0] + steady[-1][0]) / 2] if steady else []
+        late_t, late_mb = [t for t, _ in late], [m for _, m in late]
         memory.update(rss_start_mb=round(mb[0], 1), rss_end_mb=round(mb[-1], 1),
                       rss_peak_mb=round((sampled.peak_rss or 0) / 2**20, 1),
                       slope_mb_per_h=round(slope_per_hour([t for t, _ in steady], [m for _, m in steady]), 3),
                       steady_samples=len(steady),
-                      late_slope_mb_per_h=round(slope_per_hour([t for t, _ in late], [m for _, m in late]), 3),
+                      late_slope_mb_per_h=round(slope_per_hour(late_t, late_mb), 3),
+                      # how far that slope can be trusted: judged against it (worker.soak.judge_memory)
+                      late_slope_se_mb_per_h=round(slope_se_per_hour(late_t, late_mb), 3),
                       late_samples=len(late), late_span_s=round(late[-1][0] - late[0][0], 1) if late else 0.0)
         if steady:  # the first and last sample after the warm-up: what a soak compares
             memory.update(steady_start_mb=round(steady[0][1], 1), steady_end_mb=round(steady[-1][1], 1))
