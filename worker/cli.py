@@ -501,8 +501,8 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
     else:
         click.echo(f"  RSS after warm-up: {v.rss_start_mb} -> {v.rss_end_mb} MB (growth {v.rss_end_mb - v.rss_start_mb:+.1f} MB, "
                    f"peak {v.rss_peak_mb} MB), slope {v.rss_slope_mb_per_h:.2f} MB/h over {v.samples} samples, "
-                   f"{_or_dash(v.rss_late_slope_mb_per_h, '.2f')}{_plus_minus(v.rss_late_slope_se_mb_per_h)} MB/h over their "
-                   f"second half (judged)")
+                   f"{_or_dash(v.rss_late_slope_mb_per_h, '.2f')}{_plus_minus(v.rss_late_slope_se_mb_per_h)} MB/h "
+                   f"over their second half (judged)")
     click.echo(f"  latency ms: start p50 {_or_dash(v.p50_start_ms, '.1f')} p99 {_or_dash(v.p99_start_ms, '.1f')}; "
                f"end p50 {_or_dash(v.p50_end_ms, '.1f')} p99 {_or_dash(v.p99_end_ms, '.1f')}")
     for note in v.notes:

@@ -77,44 +77,46 @@ def main() -> None:
     make_corpus(fetch_samples(cfg.cache_dir), args.width, args.images, corpus)
     cfg = dataclasses.replace(cfg, model=args.model, outbox=work / "out", db=f"sqlite:///{work}/worker.db")
 
-    finished = [0]
+    finished: list[float] = []  # time.monotonic() of each image done: counted within perf's first and last sample
     started = threading.Event()
     names: dict[int, str] = {}
 
     def progress(n: int) -> None:
-        finished[0] += n
+        finished.extend([time.monotonic()] * n)
         started.set()
 
     def profile(result: dict[str, object]) -> None:
         started.wait()
         time.sleep(1.0)  # past the first images' warm-up
         names.update({t.native_id: t.name for t in threading.enumerate() if t.native_id})
-        data, before = work / "perf.data", finished[0]
-        t0 = time.perf_counter()
-        rec = subprocess.run(["perf", "record", "-q", "-F", "499", "--call-graph", "dwarf,16384", "-p", str(os.getpid()),
-                              "-o", str(data), "--", "sleep", str(args.seconds)], check=False, capture_output=True,
-                             text=True)
-        result.update(images=finished[0] - before, wall=time.perf_counter() - t0, rc=rec.returncode, err=rec.stderr,
-                      data=data, ended=time.perf_counter())
+        data = work / "perf.data"
+        command = ["perf", "record", "-q", "-k", "CLOCK_MONOTONIC", "-F", "499", "--call-graph", "dwarf,16384",
+                   "-p", str(os.getpid()), "-o", str(data), "--", "sleep", str(args.seconds)]
+        rec = subprocess.run(command, check=False, capture_output=True, text=True)
+        result.update(rc=rec.returncode, err=rec.stderr, data=data, ended=time.monotonic())
 
     result: dict[str, object] = {}
     profiler = threading.Thread(target=profile, args=(result,), name="profiler")
     profiler.start()
     summary = run_folder(cfg, corpus, progress=progress)
-    run_ended = time.perf_counter()
+    run_ended = time.monotonic()
     profiler.join()
     if result.get("rc") != 0:
         sys.exit(f"perf record failed: {result.get('err')}")
-    images = int(str(result["images"]))
-    if run_ended < float(str(result["ended"])) or images == 0:
+    if run_ended < float(str(result["ended"])):
         sys.exit(f"the run ({summary.figures['done']} images) ended before perf did: raise --images")
     script = subprocess.run(["perf", "script", "-i", str(result["data"])], check=True, capture_output=True,
                             text=True).stdout
     per = attribute(script, names)
+    # the window perf sampled (its clock is CLOCK_MONOTONIC, as time.monotonic()): its start-up is not in it
+    stamps = [float(m[1]) for m in re.finditer(r"^\S+\s+\d+\s+(\d+\.\d+):", script, re.MULTILINE)]
+    first, last = min(stamps), max(stamps)
+    images = sum(first <= t <= last for t in finished)
     ms = 1000.0 / 499  # one sample: 1/499 s of a core
     total = sum(c["(all)"] for c in per.values())
-    print(f"{args.model}, {args.width} px, {images} images in {result['wall']:.1f} s under perf "
-          f"({images / float(str(result['wall'])):.1f} images/s): {total * ms / images:.2f} ms of CPU per image")
+    print(f"{args.model}, {args.width} px, {images} images in the {last - first:.1f} s perf sampled "
+          f"({images / (last - first):.1f} images/s, {total / 499 / (last - first):.2f} cores busy): "
+          f"{total * ms / images:.2f} ms of CPU per image")
     for kind, c in sorted(per.items(), key=lambda kv: -kv[1]["(all)"]):
         print(f"  {kind:20s} {c['(all)'] * ms / images:6.2f} ms per image (kernel {c['(kernel)'] * ms / images:.2f})")
         for fn, k in [(f, k) for f, k in c.most_common() if not f.startswith("(")][:args.top]:
