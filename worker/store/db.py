@@ -131,7 +131,8 @@ def _folder_hint(engine: Engine, error: Exception) -> str:
 
 
 # what to do about a database folder this process cannot write, said by every error about one
-_WAYS_OUT = "run as the account that writes it, give this one write access to the folder, or use PostgreSQL"
+_RUN_AS_WRITER = "run as the account that writes it"
+_WAYS_OUT = f"{_RUN_AS_WRITER}, give this one write access to the folder, or use PostgreSQL"
 
 
 def refused_write_hint(said: str) -> str:
@@ -140,7 +141,7 @@ def refused_write_hint(said: str) -> str:
     if "readonly database" not in said:
         return ""
     return (" (this account may read the database but not write it: SQLite writes need the database, its -wal and "
-            "-shm files and their folder writable; run as the account that writes it)")
+            f"-shm files and their folder writable; {_RUN_AS_WRITER})")
 
 
 @contextlib.contextmanager
