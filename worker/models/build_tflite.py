@@ -13,8 +13,8 @@ float32 activations with static spatial sizes; anything else stops the build nam
 from __future__ import annotations
 
 import struct
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -43,7 +43,12 @@ class _Converter:
         self.names: dict[int, str] = {}  # tensor index -> ONNX value (NCHW for 4-D activations)
         self.consts: dict[int, np.ndarray] = {i: t.data for i, t in enumerate(model.tensors) if t.data is not None}
         for i in model.inputs:
-            self.names[i] = self._nchw(self.m.tensors[i].name, len(self.m.tensors[i].shape))
+            t = self.m.tensors[i]
+            if t.dtype is not np.float32:
+                kind = np.dtype(t.dtype).name if t.dtype else "of a type this reader does not know"
+                raise ModelError(f"{source}: input {t.name} is {kind}, not float32: this builder converts float "
+                                 f"models only (a quantised model's inputs are int8 or uint8)")
+            self.names[i] = self._nchw(t.name, len(t.shape))
         for op in model.operators:
             self._convert(op)
 
@@ -109,8 +114,8 @@ class _Converter:
 
     def _convert(self, op: Operator) -> None:
         if op.code == DEQUANTIZE:  # float16 weights: widened once, here
-            if op.inputs[0] not in self.consts:
-                raise self._fail(op, "only constant (weight) tensors can be dequantised")
+            if op.inputs[0] not in self.consts or self.consts[op.inputs[0]].dtype != np.float16:
+                raise self._fail(op, "only float16 weights are widened here (int8 ones are a quantised model's)")
             self.consts[op.outputs[0]] = self.consts[op.inputs[0]].astype(np.float32)
             return
         convert = _OPS.get(op.code) if op.code != CUSTOM else _CUSTOM.get(op.custom)
@@ -123,8 +128,8 @@ class _Converter:
 
     def _conv(self, op: Operator) -> str:
         x, w, b = op.inputs[0], self.consts.get(op.inputs[1]), op.inputs[2] if len(op.inputs) > 2 else -1
-        if w is None:
-            raise self._fail(op, "weights that are not constant")
+        if w is None or w.dtype.kind != "f":
+            raise self._fail(op, "weights that are not constant floats (int8 ones are a quantised model's)")
         depthwise = op.code == DEPTHWISE_CONV_2D
         # CONV_2D: 0 padding, 1 stride_w, 2 stride_h, 3 activation, 4/5 dilation w/h; DEPTHWISE adds
         # 3 depth_multiplier, shifting activation to 4 and dilation to 5/6

@@ -21,7 +21,8 @@ import numpy as np
 from worker.errors import ModelError
 
 # TensorType -> numpy dtype (the ones a float model carries; int8/uint8 ones are quantised models)
-_DTYPES = {0: np.float32, 1: np.float16, 2: np.int32, 3: np.uint8, 4: np.int64, 9: np.int8, 10: np.float64}
+_DTYPES = {0: np.float32, 1: np.float16, 2: np.int32, 3: np.uint8, 4: np.int64, 7: np.int16, 9: np.int8,
+           10: np.float64}
 CUSTOM = 32  # BuiltinOperator.CUSTOM
 
 
