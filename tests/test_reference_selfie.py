@@ -18,7 +18,7 @@ from worker.models.build_tflite import HARD_SWISH, build
 from worker.models.card import Preprocess, find_card
 from worker.models.fetch import download, extract
 from worker.models.pull import pull
-from worker.models.tflite_file import _Table, read
+from worker.models.tflite_file import Table, read
 from worker.tasks.preprocess import resize_for
 
 REF = json.loads((REFERENCE / "selfie.json").read_text())
@@ -102,7 +102,7 @@ def test_a_file_that_is_not_tflite_is_refused_naming_it(tmp_path: Path) -> None:
 def _patched(tflite_file: Path, dest: Path, patch) -> Path:
     """A copy of the real model with `patch(data, model_table, graph_table)` applied to its bytes."""
     data = bytearray(tflite_file.read_bytes())
-    model = _Table(bytes(data), struct.unpack_from("<I", data, 0)[0])
+    model = Table(bytes(data), struct.unpack_from("<I", data, 0)[0])
     (graph,) = model.tables(2)
     patch(data, model, graph)
     dest.write_bytes(bytes(data))
@@ -113,8 +113,8 @@ def test_an_operator_the_builder_does_not_know_stops_the_build_naming_it(tmp_pat
     """The real model with its HARD_SWISH operator code changed to 37 (SPACE_TO_DEPTH)."""
     def space_to_depth(data, model, graph) -> None:
         (code,) = [c for c in model.tables(1) if c.scalar(3, "i") == HARD_SWISH]
-        struct.pack_into("<i", data, code._at(3), 37)
-        struct.pack_into("<b", data, code._at(0), 37)
+        struct.pack_into("<i", data, code.field_at(3), 37)
+        struct.pack_into("<b", data, code.field_at(0), 37)
     odd = _patched(tflite_file, tmp_path / "odd.tflite", space_to_depth)
     assert {op.code for op in read(odd).operators} >= {37}
     with pytest.raises(ModelError, match=r"odd\.tflite: operator #3 \(builtin operator 37\): not supported by "
@@ -129,7 +129,7 @@ def test_a_model_that_is_not_float_is_refused_naming_why(tmp_path: Path, tflite_
     def float16_input(data, model, graph) -> None:
         tensors = graph.tables(0)
         half = next(k for k, t in enumerate(tensors) if t.scalar(1, "b") == 1)  # TensorType FLOAT16
-        struct.pack_into("<i", data, graph._target(1) + 4, half)
+        struct.pack_into("<i", data, graph.target(1) + 4, half)
     odd = _patched(tflite_file, tmp_path / "half.tflite", float16_input)
     with pytest.raises(ModelError, match=r"half\.tflite: input .* is float16, not float32: this builder converts "
                                          r"float models only"):
@@ -138,7 +138,7 @@ def test_a_model_that_is_not_float_is_refused_naming_why(tmp_path: Path, tflite_
     def int16_weights(data, model, graph) -> None:
         first = graph.tables(3)[0]  # a DEQUANTIZE of the first convolution's float16 weights
         weights = graph.tables(0)[first.vector(1, "i")[0]]
-        struct.pack_into("<b", data, weights._at(1), 7)  # TensorType INT16: as many bytes per number
+        struct.pack_into("<b", data, weights.field_at(1), 7)  # TensorType INT16: as many bytes per number
     odd = _patched(tflite_file, tmp_path / "int16.tflite", int16_weights)
     with pytest.raises(ModelError, match=r"int16\.tflite: operator #0 \(DEQUANTIZE\): only float16 weights"):
         build({"model": odd}, tmp_path / "model.onnx")

@@ -26,13 +26,15 @@ _DTYPES = {0: np.float32, 1: np.float16, 2: np.int32, 3: np.uint8, 4: np.int64, 
 CUSTOM = 32  # BuiltinOperator.CUSTOM
 
 
-class _Table:
+class Table:
+    """One FlatBuffers table at `pos` in `buf`; fields are read by their number in the schema."""
+
     def __init__(self, buf: bytes, pos: int) -> None:
         self.buf, self.pos = buf, pos
         self.vtable = pos - struct.unpack_from("<i", buf, pos)[0]
         self.vsize = struct.unpack_from("<H", buf, self.vtable)[0]
 
-    def _at(self, i: int) -> int:
+    def field_at(self, i: int) -> int:
         """Where field i is in the buffer, or 0 when absent."""
         slot = 4 + 2 * i
         if slot >= self.vsize:
@@ -41,26 +43,27 @@ class _Table:
         return self.pos + off if off else 0
 
     def scalar(self, i: int, fmt: str, default: Any = 0) -> Any:
-        at = self._at(i)
+        at = self.field_at(i)
         return struct.unpack_from("<" + fmt, self.buf, at)[0] if at else default
 
-    def _target(self, i: int) -> int:
-        at = self._at(i)
+    def target(self, i: int) -> int:
+        """Where the table, vector or string that field i refers to starts, or 0 when absent."""
+        at = self.field_at(i)
         return at + struct.unpack_from("<I", self.buf, at)[0] if at else 0
 
-    def table(self, i: int) -> _Table | None:
-        at = self._target(i)
-        return _Table(self.buf, at) if at else None
+    def table(self, i: int) -> Table | None:
+        at = self.target(i)
+        return Table(self.buf, at) if at else None
 
     def string(self, i: int) -> str:
-        at = self._target(i)
+        at = self.target(i)
         if not at:
             return ""
         n = struct.unpack_from("<I", self.buf, at)[0]
         return self.buf[at + 4:at + 4 + n].decode("utf-8", "replace")
 
     def vector(self, i: int, fmt: str) -> tuple[Any, ...]:
-        at = self._target(i)
+        at = self.target(i)
         if not at:
             return ()
         n = struct.unpack_from("<I", self.buf, at)[0]
@@ -68,19 +71,19 @@ class _Table:
 
     def raw(self, i: int) -> bytes:
         """A vector of bytes."""
-        at = self._target(i)
+        at = self.target(i)
         if not at:
             return b""
         n = struct.unpack_from("<I", self.buf, at)[0]
         return self.buf[at + 4:at + 4 + n]
 
-    def tables(self, i: int) -> list[_Table]:
-        at = self._target(i)
+    def tables(self, i: int) -> list[Table]:
+        at = self.target(i)
         if not at:
             return []
         n = struct.unpack_from("<I", self.buf, at)[0]
         items = [at + 4 + 4 * k for k in range(n)]
-        return [_Table(self.buf, p + struct.unpack_from("<I", self.buf, p)[0]) for p in items]
+        return [Table(self.buf, p + struct.unpack_from("<I", self.buf, p)[0]) for p in items]
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Operator:
     custom: str  # a custom operator's name
     inputs: tuple[int, ...]  # tensor indices; -1: an optional input left out
     outputs: tuple[int, ...]
-    options: _Table | None = field(repr=False)  # the builtin options table (read with `option`)
+    options: Table | None = field(repr=False)  # the builtin options table (read with `option`)
     custom_options: bytes = b""
 
     def option(self, i: int, fmt: str, default: Any = 0) -> Any:
@@ -126,7 +129,7 @@ def read(path: Path) -> TfliteModel:
 
 
 def _read(buf: bytes) -> TfliteModel:
-    model = _Table(buf, struct.unpack_from("<I", buf, 0)[0])
+    model = Table(buf, struct.unpack_from("<I", buf, 0)[0])
     # Model: 1 operator_codes, 2 subgraphs, 4 buffers
     codes = [(max(c.scalar(0, "b"), c.scalar(3, "i")), c.string(1)) for c in model.tables(1)]
     buffers = model.tables(4)
@@ -146,7 +149,7 @@ def _read(buf: bytes) -> TfliteModel:
     return TfliteModel(tuple(tensors), tuple(ops), tuple(graph.vector(1, "i")), tuple(graph.vector(2, "i")))
 
 
-def _data(buf: bytes, b: _Table, dtype: Any, shape: tuple[int, ...]) -> np.ndarray | None:
+def _data(buf: bytes, b: Table, dtype: Any, shape: tuple[int, ...]) -> np.ndarray | None:
     """A buffer's bytes as an array (Buffer: 0 data; or 1 offset and 2 size into the file, for large models)."""
     raw = b.raw(0)
     if not raw and (size := b.scalar(2, "Q")):
