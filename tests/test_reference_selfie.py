@@ -123,6 +123,22 @@ def test_an_operator_the_builder_does_not_know_stops_the_build_naming_it(tmp_pat
     assert not (tmp_path / "model.onnx").exists()
 
 
+def test_a_graph_that_does_not_hold_together_is_refused_naming_the_file(tmp_path: Path, tflite_file: Path) -> None:
+    """An operator reading a tensor computed only later, then one reading a tensor that is not there."""
+    def reads(index: int):
+        def patch(data, model, graph) -> None:
+            conv = graph.tables(3)[2]  # the first CONV_2D (after two DEQUANTIZEs)
+            struct.pack_into("<i", data, conv.target(1) + 4, index)
+        return patch
+    odd = _patched(tflite_file, tmp_path / "late.tflite", reads(249))
+    with pytest.raises(ModelError, match=r"late\.tflite: operator #2 \(CONV_2D\): input tensor 249 \(activation_10\) "
+                                         r"is neither computed nor constant"):
+        build({"model": odd}, tmp_path / "model.onnx")
+    odd = _patched(tflite_file, tmp_path / "gone.tflite", reads(99999))
+    with pytest.raises(ModelError, match=r"gone\.tflite: cannot convert it: IndexError"):
+        build({"model": odd}, tmp_path / "model.onnx")
+
+
 def test_a_model_that_is_not_float_is_refused_naming_why(tmp_path: Path, tflite_file: Path) -> None:
     """Its input pointed at a float16 tensor; a DEQUANTIZE's weights retyped int16 (as a quantised model's
     integer weights): neither can be read as the float32 the ONNX graph computes in."""

@@ -33,7 +33,12 @@ SAME = 0  # Padding enum of the builtin options (VALID = 1)
 
 def build(files: dict[str, Path], dest: Path) -> None:
     """`files["model"]`: the .tflite file; writes the ONNX file to dest."""
-    _Converter(read(files["model"]), files["model"].name).save(dest)
+    source = files["model"]
+    try:
+        converter = _Converter(read(source), source.name)
+    except (IndexError, KeyError, ValueError, TypeError) as e:  # a graph the reader took but that does not hold together
+        raise ModelError(f"{source.name}: cannot convert it: {type(e).__name__}: {e}") from None
+    converter.save(dest)
 
 
 class _Converter:
@@ -145,7 +150,7 @@ class _Converter:
                 group = channels // w.shape[3]  # grouped convolution
         kernel = (weight.shape[2], weight.shape[3])
         pads = self._pads(op, op.option(0, "b"), self._hw(x), kernel, stride, dilation)
-        inputs = [self.names[x], self.g.const(weight.astype(np.float32))]
+        inputs = [self._value(x, op), self.g.const(weight.astype(np.float32))]
         if b >= 0:
             inputs.append(self.g.const(self.consts[b].astype(np.float32)))
         y = self.g.node("Conv", inputs, kernel_shape=list(kernel), strides=list(stride), pads=pads,
@@ -158,10 +163,10 @@ class _Converter:
         kernel, stride = (op.option(4, "i"), op.option(3, "i")), (op.option(2, "i"), op.option(1, "i"))
         pads = self._pads(op, op.option(0, "b"), self._hw(x), kernel, stride)
         if op.code == AVERAGE_POOL_2D:  # TFLite averages the image's pixels only, never the padding
-            y = self.g.node("AveragePool", [self.names[x]], kernel_shape=list(kernel), strides=list(stride),
+            y = self.g.node("AveragePool", [self._value(x, op)], kernel_shape=list(kernel), strides=list(stride),
                             pads=pads, count_include_pad=0)
         else:
-            y = self.g.node("MaxPool", [self.names[x]], kernel_shape=list(kernel), strides=list(stride), pads=pads)
+            y = self.g.node("MaxPool", [self._value(x, op)], kernel_shape=list(kernel), strides=list(stride), pads=pads)
         return self._activation(y, op.option(5, "b"), op)
 
     def _binary(self, op: Operator) -> str:
@@ -187,7 +192,7 @@ class _Converter:
         if not keep and 3 not in nhwc and not {1, 2} <= nhwc:
             raise self._fail(op, f"dropping axes {sorted(nhwc)} would reorder the rest in NCHW")
         to_nchw = {0: 0, 1: 2, 2: 3, 3: 1}
-        return self.g.node("ReduceMean", [self.names[x]], axes=sorted(to_nchw[a] for a in nhwc), keepdims=int(keep))
+        return self.g.node("ReduceMean", [self._value(x, op)], axes=sorted(to_nchw[a] for a in nhwc), keepdims=int(keep))
 
     def _resize(self, op: Operator) -> str:
         x = op.inputs[0]
@@ -199,7 +204,7 @@ class _Converter:
         mode = "align_corners" if op.option(2, "?", False) else \
             "half_pixel" if op.option(3, "?", False) else "asymmetric"
         scales = self.g.const([1.0, 1.0, float(size[0]) / h, float(size[1]) / w])
-        return self.g.node("Resize", [self.names[x], "", scales], mode="linear",
+        return self.g.node("Resize", [self._value(x, op), "", scales], mode="linear",
                            coordinate_transformation_mode=mode)
 
     def _transpose_conv_bias(self, op: Operator) -> str:
@@ -209,6 +214,8 @@ class _Converter:
             raise self._fail(op, "options cut short")
         padding, sw, sh = struct.unpack_from("<3i", op.custom_options)
         x, w, b = op.inputs[:3]
+        if w not in self.consts or b not in self.consts:
+            raise self._fail(op, "weights or bias that are not constant")
         weight = self.consts[w].transpose(3, 0, 1, 2).astype(np.float32)  # OHWI -> (I, O, kh, kw)
         (n_in_h, n_in_w), (n_out_h, n_out_w) = self._hw(x), self._hw(op.outputs[0])
         kh, kw = weight.shape[2:]
@@ -217,7 +224,7 @@ class _Converter:
             total = s * (n - 1) + k - out if padding == 1 else 0
             pads.append((max(total, 0) // 2, max(total, 0) - max(total, 0) // 2))
             extra.append(max(-total, 0))
-        return self.g.node("ConvTranspose", [self.names[x], self.g.const(weight),
+        return self.g.node("ConvTranspose", [self._value(x, op), self.g.const(weight),
                                              self.g.const(self.consts[b].astype(np.float32))],
                            kernel_shape=[kh, kw], strides=[sh, sw], output_padding=extra,
                            pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]])
