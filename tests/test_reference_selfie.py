@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import CACHE, REFERENCE, ROOT, run_on
 from worker.errors import ModelError
-from worker.models.build_tflite import HARD_SWISH, build
+from worker.models.build_tflite import Op, build
 from worker.models.card import Preprocess, find_card
 from worker.models.fetch import download, extract
 from worker.models.pull import pull
@@ -112,7 +112,7 @@ def _patched(tflite_file: Path, dest: Path, patch) -> Path:
 def test_an_operator_the_builder_does_not_know_stops_the_build_naming_it(tmp_path: Path, tflite_file: Path) -> None:
     """The real model with its HARD_SWISH operator code changed to 37 (SPACE_TO_DEPTH)."""
     def space_to_depth(data, model, graph) -> None:
-        (code,) = [c for c in model.tables(1) if c.scalar(3, "i") == HARD_SWISH]
+        (code,) = [c for c in model.tables(1) if c.scalar(3, "i") == Op.HARD_SWISH]
         struct.pack_into("<i", data, code.field_at(3), 37)
         struct.pack_into("<b", data, code.field_at(0), 37)
     odd = _patched(tflite_file, tmp_path / "odd.tflite", space_to_depth)

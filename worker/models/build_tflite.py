@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable
+from enum import IntEnum
 from pathlib import Path
 
 import numpy as np
@@ -22,12 +23,26 @@ from worker.errors import ModelError
 from worker.models.onnx_graph import GraphBuilder
 from worker.models.tflite_file import CUSTOM, Operator, TfliteModel, read
 
-# BuiltinOperator codes (schema.fbs)
-ADD, AVERAGE_POOL_2D, CONV_2D, DEPTHWISE_CONV_2D, DEQUANTIZE = 0, 1, 3, 4, 6
-LOGISTIC, MAX_POOL_2D, MUL, RELU, RELU6, RESIZE_BILINEAR, TANH, MEAN, HARD_SWISH = 14, 17, 18, 19, 21, 23, 28, 40, 117
-_NAMES = {ADD: "ADD", AVERAGE_POOL_2D: "AVERAGE_POOL_2D", CONV_2D: "CONV_2D", DEPTHWISE_CONV_2D: "DEPTHWISE_CONV_2D",
-          DEQUANTIZE: "DEQUANTIZE", LOGISTIC: "LOGISTIC", MAX_POOL_2D: "MAX_POOL_2D", MUL: "MUL", RELU: "RELU",
-          RELU6: "RELU6", RESIZE_BILINEAR: "RESIZE_BILINEAR", TANH: "TANH", MEAN: "MEAN", HARD_SWISH: "HARD_SWISH"}
+
+class Op(IntEnum):
+    """The BuiltinOperator codes (schema.fbs) this builder reads; their names are the schema's."""
+
+    ADD = 0
+    AVERAGE_POOL_2D = 1
+    CONV_2D = 3
+    DEPTHWISE_CONV_2D = 4
+    DEQUANTIZE = 6
+    LOGISTIC = 14
+    MAX_POOL_2D = 17
+    MUL = 18
+    RELU = 19
+    RELU6 = 21
+    RESIZE_BILINEAR = 23
+    TANH = 28
+    MEAN = 40
+    HARD_SWISH = 117
+
+
 SAME = 0  # Padding enum of the builtin options (VALID = 1)
 
 
@@ -58,7 +73,8 @@ class _Converter:
             self._convert(op)
 
     def _fail(self, op: Operator, why: str) -> ModelError:
-        what = op.custom if op.code == CUSTOM else _NAMES.get(op.code, f"builtin operator {op.code}")
+        known = {int(o): o.name for o in Op}
+        what = op.custom if op.code == CUSTOM else known.get(op.code, f"builtin operator {op.code}")
         return ModelError(f"{self.source}: operator #{op.index} ({what}): {why}")
 
     def _nchw(self, name: str, rank: int) -> str:
@@ -118,14 +134,14 @@ class _Converter:
         return before + after
 
     def _convert(self, op: Operator) -> None:
-        if op.code == DEQUANTIZE:  # float16 weights: widened once, here
+        if op.code == Op.DEQUANTIZE:  # float16 weights: widened once, here
             if op.inputs[0] not in self.consts or self.consts[op.inputs[0]].dtype != np.float16:
                 raise self._fail(op, "only float16 weights are widened here (int8 ones are a quantised model's)")
             self.consts[op.outputs[0]] = self.consts[op.inputs[0]].astype(np.float32)
             return
         convert = _OPS.get(op.code) if op.code != CUSTOM else _CUSTOM.get(op.custom)
         if convert is None:
-            raise self._fail(op, f"not supported by this builder (supported: {', '.join(sorted(_NAMES.values()))}, "
+            raise self._fail(op, f"not supported by this builder (supported: {', '.join(sorted(o.name for o in Op))}, "
                                  f"{', '.join(_CUSTOM)})")
         self.names[op.outputs[0]] = convert(self, op)
 
@@ -135,7 +151,7 @@ class _Converter:
         x, w, b = op.inputs[0], self.consts.get(op.inputs[1]), op.inputs[2] if len(op.inputs) > 2 else -1
         if w is None or w.dtype.kind != "f":
             raise self._fail(op, "weights that are not constant floats (int8 ones are a quantised model's)")
-        depthwise = op.code == DEPTHWISE_CONV_2D
+        depthwise = op.code == Op.DEPTHWISE_CONV_2D
         # CONV_2D: 0 padding, 1 stride_w, 2 stride_h, 3 activation, 4/5 dilation w/h; DEPTHWISE adds
         # 3 depth_multiplier, shifting activation to 4 and dilation to 5/6
         shift = 1 if depthwise else 0
@@ -162,7 +178,7 @@ class _Converter:
         x = op.inputs[0]
         kernel, stride = (op.option(4, "i"), op.option(3, "i")), (op.option(2, "i"), op.option(1, "i"))
         pads = self._pads(op, op.option(0, "b"), self._hw(x), kernel, stride)
-        if op.code == AVERAGE_POOL_2D:  # TFLite averages the image's pixels only, never the padding
+        if op.code == Op.AVERAGE_POOL_2D:  # TFLite averages the image's pixels only, never the padding
             y = self.g.node("AveragePool", [self._value(x, op)], kernel_shape=list(kernel), strides=list(stride),
                             pads=pads, count_include_pad=0)
         else:
@@ -171,14 +187,14 @@ class _Converter:
 
     def _binary(self, op: Operator) -> str:
         a, b = (self._value(i, op) for i in op.inputs[:2])
-        y = self.g.node("Add" if op.code == ADD else "Mul", [a, b])
+        y = self.g.node("Add" if op.code == Op.ADD else "Mul", [a, b])
         return self._activation(y, op.option(0, "b"), op)  # Add/MulOptions: 0 activation
 
     def _unary(self, op: Operator) -> str:
         x = self._value(op.inputs[0], op)
-        if op.code == RELU6:
+        if op.code == Op.RELU6:
             return self._activation(x, 3, op)
-        onnx_op = {LOGISTIC: "Sigmoid", RELU: "Relu", TANH: "Tanh", HARD_SWISH: "HardSwish"}[op.code]
+        onnx_op = {Op.LOGISTIC: "Sigmoid", Op.RELU: "Relu", Op.TANH: "Tanh", Op.HARD_SWISH: "HardSwish"}[Op(op.code)]
         return self.g.node(onnx_op, [x])
 
     def _mean(self, op: Operator) -> str:
@@ -248,11 +264,13 @@ class _Converter:
 
 
 _OPS: dict[int, Callable[[_Converter, Operator], str]] = {
-    CONV_2D: _Converter._conv, DEPTHWISE_CONV_2D: _Converter._conv, AVERAGE_POOL_2D: _Converter._pool,
-    MAX_POOL_2D: _Converter._pool, ADD: _Converter._binary, MUL: _Converter._binary, LOGISTIC: _Converter._unary,
-    RELU: _Converter._unary, RELU6: _Converter._unary, TANH: _Converter._unary, HARD_SWISH: _Converter._unary,
-    RESIZE_BILINEAR: _Converter._resize, MEAN: _Converter._mean,
-}
+    Op.CONV_2D: _Converter._conv, Op.DEPTHWISE_CONV_2D: _Converter._conv,
+    Op.AVERAGE_POOL_2D: _Converter._pool, Op.MAX_POOL_2D: _Converter._pool,
+    Op.ADD: _Converter._binary, Op.MUL: _Converter._binary,
+    Op.LOGISTIC: _Converter._unary, Op.RELU: _Converter._unary, Op.RELU6: _Converter._unary,
+    Op.TANH: _Converter._unary, Op.HARD_SWISH: _Converter._unary,
+    Op.RESIZE_BILINEAR: _Converter._resize, Op.MEAN: _Converter._mean,
+}  # and Op.DEQUANTIZE, folded into the weights in _convert
 _CUSTOM: dict[str, Callable[[_Converter, Operator], str]] = {
     "Convolution2DTransposeBias": _Converter._transpose_conv_bias,
 }
