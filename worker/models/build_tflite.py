@@ -1,8 +1,10 @@
 """Build an ONNX file from a float TensorFlow Lite model (MediaPipe's selfie segmenter and models like it).
 
-The graph is rebuilt operator by operator in NCHW, ONNX's layout for convolutions, between one
-Transpose after the input and one before each output, so the ONNX file takes and gives the same
-channels-last tensors, under the same names, as the .tflite file. Float16 weights (DEQUANTIZE of a
+The graph is rebuilt operator by operator with every 4-D tensor in NCHW, ONNX's layout for
+convolutions, between one Transpose after the input and one before each 4-D output, so the ONNX file
+takes and gives the same channels-last tensors, under the same names, as the .tflite file. Tensors of
+other ranks keep TFLite's layout; RESHAPE and FULLY_CONNECTED, whose meaning depends on the order of
+the elements, see a 4-D input back in NHWC. Float16 weights (DEQUANTIZE of a
 constant) are widened to float32 here, as TFLite's CPU kernels do at load time. TensorFlow's SAME
 padding (the extra row and column, when odd, at the bottom and right) becomes explicit pads.
 
@@ -29,21 +31,30 @@ class Op(IntEnum):
 
     ADD = 0
     AVERAGE_POOL_2D = 1
+    CONCATENATION = 2
     CONV_2D = 3
     DEPTHWISE_CONV_2D = 4
     DEQUANTIZE = 6
+    FULLY_CONNECTED = 9
     LOGISTIC = 14
     MAX_POOL_2D = 17
     MUL = 18
     RELU = 19
     RELU6 = 21
+    RESHAPE = 22
     RESIZE_BILINEAR = 23
+    SOFTMAX = 25
     TANH = 28
+    PAD = 34
     MEAN = 40
+    SUB = 41
+    PRELU = 54
     HARD_SWISH = 117
 
 
 SAME = 0  # Padding enum of the builtin options (VALID = 1)
+NHWC_TO_NCHW = (0, 3, 1, 2)  # an NHWC axis's place in NCHW: TO_NCHW_AXIS[a]
+TO_NCHW_AXIS = {0: 0, 1: 2, 2: 3, 3: 1}
 
 
 def build(files: dict[str, Path], dest: Path) -> None:
@@ -60,7 +71,8 @@ class _Converter:
     def __init__(self, model: TfliteModel, source: str) -> None:
         self.m, self.source = model, source
         self.g = GraphBuilder()
-        self.names: dict[int, str] = {}  # tensor index -> ONNX value (NCHW for 4-D activations)
+        self.names: dict[int, str] = {}  # tensor index -> ONNX value of an activation (NCHW when 4-D)
+        self.const_names: dict[tuple[int, bool], str] = {}  # (tensor index, beside a 4-D activation) -> value
         self.consts: dict[int, np.ndarray] = {i: t.data for i, t in enumerate(model.tensors) if t.data is not None}
         for i in model.inputs:
             t = self.m.tensors[i]
@@ -91,20 +103,32 @@ class _Converter:
         return shape[1], shape[2]
 
     def _value(self, i: int, op: Operator) -> str:
-        """An operator's input as an ONNX value: an activation, or a constant (made NCHW-broadcastable)."""
+        """An operator's input as an ONNX value: an activation, or a constant, made NCHW-broadcastable when
+        the operator's output is 4-D (TFLite broadcasts from the last axis, channels)."""
         if i in self.names:
             return self.names[i]
         if i not in self.consts:
             raise self._fail(op, f"input tensor {i} ({self.m.tensors[i].name}) is neither computed nor constant")
+        beside_4d = len(self._shape(op.outputs[0])) == 4
+        if (i, beside_4d) in self.const_names:
+            return self.const_names[(i, beside_4d)]
         c = self.consts[i].astype(np.float32)
-        if c.ndim == 4:
-            c = c.transpose(0, 3, 1, 2)
-        elif c.ndim == 1 and c.size > 1:  # broadcast over NHWC's last axis = NCHW's channel axis
-            c = c.reshape(-1, 1, 1)
-        elif c.ndim not in (0, 1):
+        if beside_4d and c.ndim == 4:
+            c = c.transpose(*NHWC_TO_NCHW)
+        elif beside_4d and c.ndim == 3:  # (H, W, C) -> (C, H, W)
+            c = c.transpose(2, 0, 1)
+        elif beside_4d and c.ndim == 2:
             raise self._fail(op, f"a constant of shape {c.shape} cannot be broadcast here")
-        self.names[i] = self.g.const(c)
-        return self.names[i]
+        elif beside_4d and c.ndim == 1 and c.size > 1:  # broadcast over NHWC's last axis = NCHW's channel axis
+            c = c.reshape(-1, 1, 1)
+        self.const_names[(i, beside_4d)] = self.g.const(c)
+        return self.const_names[(i, beside_4d)]
+
+    def _nhwc_value(self, i: int, op: Operator) -> str:
+        """An activation in TFLite's own layout: a 4-D one back in NHWC (for operators that depend on the
+        order of the elements)."""
+        x = self._value(i, op)
+        return self.g.node("Transpose", [x], perm=[0, 2, 3, 1]) if len(self._shape(i)) == 4 else x
 
     def _activation(self, x: str, fused: int, op: Operator) -> str:
         """TFLite's fused activation (ActivationFunctionType) after an operator."""
@@ -187,8 +211,64 @@ class _Converter:
 
     def _binary(self, op: Operator) -> str:
         a, b = (self._value(i, op) for i in op.inputs[:2])
-        y = self.g.node("Add" if op.code == Op.ADD else "Mul", [a, b])
-        return self._activation(y, op.option(0, "b"), op)  # Add/MulOptions: 0 activation
+        y = self.g.node({Op.ADD: "Add", Op.SUB: "Sub", Op.MUL: "Mul"}[Op(op.code)], [a, b])
+        return self._activation(y, op.option(0, "b"), op)  # Add/Sub/MulOptions: 0 activation
+
+    def _prelu(self, op: Operator) -> str:
+        return self.g.node("PRelu", [self._value(op.inputs[0], op), self._value(op.inputs[1], op)])
+
+    def _pad(self, op: Operator) -> str:
+        """PAD with zeros: paddings (rank, 2) of (before, after) per NHWC axis -> ONNX's begins, then ends."""
+        x, paddings = op.inputs[0], self.consts.get(op.inputs[1])
+        rank = len(self._shape(x))
+        if paddings is None or paddings.shape != (rank, 2):
+            raise self._fail(op, "paddings that are not a constant (rank, 2)")
+        if rank == 4:
+            paddings = paddings[list(NHWC_TO_NCHW)]
+        pads = np.concatenate([paddings[:, 0], paddings[:, 1]]).astype(np.int64)
+        return self.g.node("Pad", [self._value(x, op), self.g.const(pads, np.int64)], mode="constant")
+
+    def _reshape(self, op: Operator) -> str:
+        """To the output tensor's static shape, in NHWC order; the batch axis stays the input's."""
+        x, shape_in, shape = op.inputs[0], self._shape(op.inputs[0]), list(self._shape(op.outputs[0]))
+        if not shape or any(d <= 0 for d in shape):
+            raise self._fail(op, f"an output shape that is not static: {tuple(shape)}")
+        if shape_in and shape_in[0] == shape[0] == 1 and len(shape) > 1:
+            shape[0] = 0  # ONNX: copy the input's dimension (a batch of any size)
+        y = self.g.node("Reshape", [self._nhwc_value(x, op), self.g.const(np.array(shape, np.int64), np.int64)])
+        return self._nchw(y, len(shape))
+
+    def _concat(self, op: Operator) -> str:
+        # ConcatenationOptions: 0 axis, 1 activation
+        rank = len(self._shape(op.outputs[0]))
+        axis = op.option(0, "i") % rank
+        y = self.g.node("Concat", [self._value(i, op) for i in op.inputs],
+                        axis=TO_NCHW_AXIS[axis] if rank == 4 else axis)
+        return self._activation(y, op.option(1, "b"), op)
+
+    def _fully_connected(self, op: Operator) -> str:
+        """y = x W^T + b over the input's last axis, the input flattened to (-1, in) as TFLite does."""
+        # FullyConnectedOptions: 0 activation, 1 weights_format, 2 keep_num_dims
+        x, w = op.inputs[0], self.consts.get(op.inputs[1])
+        b = op.inputs[2] if len(op.inputs) > 2 else -1
+        if w is None or w.dtype.kind != "f" or w.ndim != 2:
+            raise self._fail(op, "weights that are not a constant float matrix (int8 ones are a quantised model's)")
+        if op.option(1, "b") != 0:
+            raise self._fail(op, "a shuffled weights format")
+        if op.option(2, "?", False) and len(self._shape(x)) != 2:
+            raise self._fail(op, "keep_num_dims on an input that is not 2-D")
+        flat = self.g.node("Reshape", [self._nhwc_value(x, op), self.g.const(np.array([-1, w.shape[1]]), np.int64)])
+        inputs = [flat, self.g.const(w.astype(np.float32))]
+        if b >= 0:
+            inputs.append(self.g.const(self.consts[b].astype(np.float32)))
+        return self._activation(self.g.node("Gemm", inputs, transB=1), op.option(0, "b"), op)
+
+    def _softmax(self, op: Operator) -> str:
+        x, rank = self._value(op.inputs[0], op), len(self._shape(op.inputs[0]))
+        beta = op.option(0, "f", 1.0)  # SoftmaxOptions: 0 beta
+        if beta != 1.0:
+            x = self.g.node("Mul", [x, self.g.const(beta)])
+        return self.g.node("Softmax", [x], axis=1 if rank == 4 else -1)
 
     def _unary(self, op: Operator) -> str:
         x = self._value(op.inputs[0], op)
@@ -207,8 +287,8 @@ class _Converter:
         keep = bool(op.option(0, "?", False))  # ReducerOptions: 0 keep_dims
         if not keep and 3 not in nhwc and not {1, 2} <= nhwc:
             raise self._fail(op, f"dropping axes {sorted(nhwc)} would reorder the rest in NCHW")
-        to_nchw = {0: 0, 1: 2, 2: 3, 3: 1}
-        return self.g.node("ReduceMean", [self._value(x, op)], axes=sorted(to_nchw[a] for a in nhwc), keepdims=int(keep))
+        return self.g.node("ReduceMean", [self._value(x, op)], axes=sorted(TO_NCHW_AXIS[a] for a in nhwc),
+                           keepdims=int(keep))
 
     def _resize(self, op: Operator) -> str:
         x = op.inputs[0]
@@ -266,7 +346,10 @@ class _Converter:
 _OPS: dict[int, Callable[[_Converter, Operator], str]] = {
     Op.CONV_2D: _Converter._conv, Op.DEPTHWISE_CONV_2D: _Converter._conv,
     Op.AVERAGE_POOL_2D: _Converter._pool, Op.MAX_POOL_2D: _Converter._pool,
-    Op.ADD: _Converter._binary, Op.MUL: _Converter._binary,
+    Op.ADD: _Converter._binary, Op.SUB: _Converter._binary, Op.MUL: _Converter._binary,
+    Op.PRELU: _Converter._prelu, Op.PAD: _Converter._pad, Op.RESHAPE: _Converter._reshape,
+    Op.CONCATENATION: _Converter._concat, Op.FULLY_CONNECTED: _Converter._fully_connected,
+    Op.SOFTMAX: _Converter._softmax,
     Op.LOGISTIC: _Converter._unary, Op.RELU: _Converter._unary, Op.RELU6: _Converter._unary,
     Op.TANH: _Converter._unary, Op.HARD_SWISH: _Converter._unary,
     Op.RESIZE_BILINEAR: _Converter._resize, Op.MEAN: _Converter._mean,

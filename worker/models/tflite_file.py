@@ -135,9 +135,12 @@ def _read(buf: bytes) -> TfliteModel:
     buffers = model.tables(4)
     (graph, *_) = model.tables(2)
     tensors = []
-    for t in graph.tables(0):  # Tensor: 0 shape, 1 type, 2 buffer, 3 name
+    for t in graph.tables(0):  # Tensor: 0 shape, 1 type, 2 buffer, 3 name, 6 sparsity
         dtype = _DTYPES.get(t.scalar(1, "b"))
         shape = tuple(t.vector(0, "i"))
+        if t.table(6) is not None:  # its buffer holds only the non-zero blocks, plus their index
+            raise ValueError(f"tensor {t.string(3)} is stored sparse (TFLite's sparsity format), which this "
+                             f"reader does not expand")
         data = _data(buf, buffers[t.scalar(2, "I")], dtype, shape) if t.scalar(2, "I") else None
         tensors.append(Tensor(t.string(3), shape, dtype, data))
     ops = []
