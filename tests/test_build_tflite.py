@@ -24,7 +24,7 @@ from worker.errors import ModelError
 from worker.models.build_tflite import Op, build
 from worker.models.card import find_card
 from worker.models.fetch import download
-from worker.models.tflite_file import read
+from worker.models.tflite_file import BUILTIN_NAMES, read
 
 MODULES = "mediapipe/modules/"
 # the wheel's float models the builder converts, and the operators each is here to check
@@ -117,7 +117,7 @@ def test_the_tested_models_use_every_builtin_operator_but_softmax_and_sub(tflite
 
 
 @pytest.mark.parametrize(("name", "why"), [
-    ("holistic_landmark/hand_recrop", "operator #49 (builtin operator 45): not supported"),
+    ("holistic_landmark/hand_recrop", "operator #49 (STRIDED_SLICE): not supported"),
     ("face_landmark/face_landmark_with_attention", "(Landmarks2TransformMatrix): not supported"),
     ("pose_detection/pose_detection", "is stored sparse (TFLite's sparsity format)"),
 ])
@@ -127,6 +127,13 @@ def test_a_model_the_builder_cannot_convert_is_refused_saying_why(tflite: Path, 
     with pytest.raises(ModelError, match=r"\.tflite") as e:
         build({"model": source}, tmp_path / "model.onnx")
     assert why in str(e.value) and not (tmp_path / "model.onnx").exists()
+
+
+def test_operator_names_are_the_schemas() -> None:
+    """The names messages give operators, and the builder's own, are those of LiteRT's schema code."""
+    schema_names = {v: k for k, v in vars(schema.BuiltinOperator).items() if not k.startswith("_")}
+    assert dict(enumerate(BUILTIN_NAMES)) == schema_names
+    assert all(BUILTIN_NAMES[o] == o.name for o in Op)
 
 
 # -- small graphs written here ----------------------------------------------------------------------

@@ -109,15 +109,18 @@ def _patched(tflite_file: Path, dest: Path, patch) -> Path:
     return dest
 
 
-def test_an_operator_the_builder_does_not_know_stops_the_build_naming_it(tmp_path: Path, tflite_file: Path) -> None:
-    """The real model with its HARD_SWISH operator code changed to 37 (SPACE_TO_DEPTH)."""
-    def space_to_depth(data, model, graph) -> None:
-        (code,) = [c for c in model.tables(1) if c.scalar(3, "i") == Op.HARD_SWISH]
-        struct.pack_into("<i", data, code.field_at(3), 37)
-        struct.pack_into("<b", data, code.field_at(0), 37)
-    odd = _patched(tflite_file, tmp_path / "odd.tflite", space_to_depth)
-    assert {op.code for op in read(odd).operators} >= {37}
-    with pytest.raises(ModelError, match=r"odd\.tflite: operator #3 \(builtin operator 37\): not supported by "
+@pytest.mark.parametrize(("code", "named"), [(37, "BATCH_TO_SPACE_ND"), (250, "builtin operator 250")])
+def test_an_operator_the_builder_does_not_know_stops_the_build_naming_it(tmp_path: Path, tflite_file: Path,
+                                                                         code: int, named: str) -> None:
+    """The real model with its HARD_SWISH operator code changed to 37 (BATCH_TO_SPACE_ND), or to 250, which
+    no schema yet names (codes over 127 are in the int32 field only, the int8 one says 127)."""
+    def changed(data, model, graph) -> None:
+        (entry,) = [c for c in model.tables(1) if c.scalar(3, "i") == Op.HARD_SWISH]
+        struct.pack_into("<i", data, entry.field_at(3), code)
+        struct.pack_into("<b", data, entry.field_at(0), min(code, 127))
+    odd = _patched(tflite_file, tmp_path / "odd.tflite", changed)
+    assert {op.code for op in read(odd).operators} >= {code}
+    with pytest.raises(ModelError, match=rf"odd\.tflite: operator #3 \({named}\): not supported by "
                                          r"this builder \(supported: ADD, .*Convolution2DTransposeBias\)"):
         build({"model": odd}, tmp_path / "model.onnx")
     assert not (tmp_path / "model.onnx").exists()

@@ -23,7 +23,7 @@ import numpy as np
 
 from worker.errors import ModelError
 from worker.models.onnx_graph import GraphBuilder
-from worker.models.tflite_file import CUSTOM, Operator, TfliteModel, read
+from worker.models.tflite_file import CUSTOM, Operator, TfliteModel, builtin_name, read
 
 
 class Op(IntEnum):
@@ -85,8 +85,7 @@ class _Converter:
             self._convert(op)
 
     def _fail(self, op: Operator, why: str) -> ModelError:
-        known = {int(o): o.name for o in Op}
-        what = op.custom if op.code == CUSTOM else known.get(op.code, f"builtin operator {op.code}")
+        what = op.custom if op.code == CUSTOM else builtin_name(op.code)
         return ModelError(f"{self.source}: operator #{op.index} ({what}): {why}")
 
     def _nchw(self, name: str, rank: int) -> str:
