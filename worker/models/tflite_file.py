@@ -27,7 +27,7 @@ CUSTOM = 32  # BuiltinOperator.CUSTOM
 
 # BuiltinOperator's names in code order (schema.fbs, as of LiteRT 2.3), for messages about operators
 # this package does not convert; tests/test_build_tflite.py holds them to LiteRT's own schema code
-BUILTIN_NAMES: tuple[str, ...] = tuple("""  # noqa: SIM905 (210 words read better unquoted)
+_BUILTIN_NAMES = """
     ADD AVERAGE_POOL_2D CONCATENATION CONV_2D DEPTHWISE_CONV_2D DEPTH_TO_SPACE DEQUANTIZE EMBEDDING_LOOKUP
     FLOOR FULLY_CONNECTED HASHTABLE_LOOKUP L2_NORMALIZATION L2_POOL_2D LOCAL_RESPONSE_NORMALIZATION LOGISTIC
     LSH_PROJECTION LSTM MAX_POOL_2D MUL RELU RELU_N1_TO_1 RELU6 RESHAPE RESIZE_BILINEAR RNN SOFTMAX
@@ -55,7 +55,8 @@ BUILTIN_NAMES: tuple[str, ...] = tuple("""  # noqa: SIM905 (210 words read bette
     STABLEHLO_IOTA STABLEHLO_DOT_GENERAL STABLEHLO_REDUCE_WINDOW STABLEHLO_SORT STABLEHLO_WHILE
     STABLEHLO_GATHER STABLEHLO_TRANSPOSE DILATE STABLEHLO_RNG_BIT_GENERATOR REDUCE_WINDOW STABLEHLO_COMPOSITE
     STABLEHLO_SHIFT_LEFT STABLEHLO_CBRT STABLEHLO_CASE
-""".split())
+"""
+BUILTIN_NAMES: tuple[str, ...] = tuple(_BUILTIN_NAMES.split())
 
 
 def builtin_name(code: int) -> str:
