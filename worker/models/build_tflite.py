@@ -53,8 +53,8 @@ class Op(IntEnum):
 
 
 SAME = 0  # Padding enum of the builtin options (VALID = 1)
-NHWC_TO_NCHW = (0, 3, 1, 2)  # an NHWC axis's place in NCHW: TO_NCHW_AXIS[a]
-TO_NCHW_AXIS = {0: 0, 1: 2, 2: 3, 3: 1}
+NHWC_TO_NCHW = (0, 3, 1, 2)  # the permutation: NCHW's axis k is NHWC's axis NHWC_TO_NCHW[k]
+TO_NCHW_AXIS = {0: 0, 1: 2, 2: 3, 3: 1}  # where NHWC's axis a lands in NCHW
 
 
 def build(files: dict[str, Path], dest: Path) -> None:
