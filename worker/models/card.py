@@ -217,6 +217,14 @@ def _set_only(value: object) -> object:
     return value
 
 
+def _names_one_wheel(src: Source) -> bool:
+    """`python` and `platform` are both given or both left out; given, they pick a wheel by a version like 3.11."""
+    if not src.python and not src.platform:
+        return True
+    return bool(src.python and src.platform) and src.distribution == "wheel" and \
+        re.fullmatch(r"3\.\d+", src.python) is not None
+
+
 def load_card(path: Path) -> ModelCard:
     raw = read_yaml(path, "model card")
     if not isinstance(raw, dict):
@@ -249,8 +257,7 @@ def load_card(path: Path) -> ModelCard:
         raise ConfigError(f"{path}: a segmenter's mask covers the whole image: 'preprocess.resize' must be "
                           f"stretch or stretch-asymmetric, got {card.preprocess.resize}")
     src = card.source
-    if src is not None and (bool(src.python) != bool(src.platform) or
-                            (src.python and (src.distribution != "wheel" or not re.fullmatch(r"3\.\d+", src.python)))):
+    if src is not None and not _names_one_wheel(src):
         raise ConfigError(f"{path}: 'source.python' and 'source.platform' name one wheel together (python like "
                           f"\"3.11\", platform like manylinux2014_x86_64; distribution: wheel), got python "
                           f"{src.python!r}, platform {src.platform!r}")
