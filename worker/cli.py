@@ -858,7 +858,7 @@ def main() -> None:
     except DBAPIError as e:  # a command's own statement refused (`retry` by an account that may only read)
         from worker.store.db import refused_write_hint
 
-        click.echo(f"error: database: {e.orig}{refused_write_hint(str(e.orig))}", err=True)
+        click.echo(f"error: database: {e.orig}{refused_write_hint(e)}", err=True)
         sys.exit(1)
 
 

@@ -115,12 +115,19 @@ def _driver_words(error: BaseException) -> BaseException:
     return getattr(error, "orig", None) or error
 
 
+def _sqlite_says(error: BaseException, *codes: str) -> bool:
+    """Whether SQLite's result code for the error is one of `codes` (SQLITE_READONLY: its extended codes,
+    SQLITE_READONLY_DIRECTORY and the like, too)."""
+    name = getattr(_driver_words(error), "sqlite_errorname", None) or ""
+    return any(name == code or name.startswith(code + "_") for code in codes)
+
+
 def _folder_hint(engine: Engine, error: Exception) -> str:
     """Why SQLite could not open a database whose folder this process cannot write (a read-only mount,
-    another account's folder): its messages, `unable to open database file` and `attempt to write a
-    readonly database`, do not say."""
+    another account's folder): its messages, `unable to open database file` (SQLITE_CANTOPEN) and
+    `attempt to write a readonly database` (SQLITE_READONLY), do not say."""
     path = engine.url.database if engine.dialect.name == "sqlite" else None
-    if not path or path == ":memory:" or not any(m in str(error) for m in ("unable to open", "readonly database")):
+    if not path or path == ":memory:" or not _sqlite_says(error, "SQLITE_CANTOPEN", "SQLITE_READONLY"):
         return ""
     folder = Path(path).absolute().parent
     if os.access(folder, os.W_OK):
@@ -135,10 +142,10 @@ _RUN_AS_WRITER = "run as the account that writes it"
 _WAYS_OUT = f"{_RUN_AS_WRITER}, give this one write access to the folder, or use PostgreSQL"
 
 
-def refused_write_hint(said: str) -> str:
+def refused_write_hint(error: BaseException) -> str:
     """Why SQLite refused a statement that writes (`attempt to write a readonly database`) to an account
     that may only read: `worker retry` beside a running worker, from another account."""
-    if "readonly database" not in said:
+    if not _sqlite_says(error, "SQLITE_READONLY"):
         return ""
     return (" (this account may read the database but not write it: SQLite writes need the database, its -wal and "
             f"-shm files and their folder writable; {_RUN_AS_WRITER})")
