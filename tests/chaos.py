@@ -1,0 +1,86 @@
+"""kill -9 `worker watch` again and again while a producer keeps dropping images into its inbox (half
+renamed into place, half written in place in three chunks), then one watch to the end and SIGTERM: every
+input must end with exactly one row, one complete outcome and one archived copy (tests/test_crash.py's
+checks, at a scale too slow for the suite).
+
+    python tests/chaos.py WORK_DIR ROUNDS IMAGES    # e.g. /tmp/chaos 60 2000 (about 2 minutes here)
+
+WORK_DIR must not exist; it keeps the inbox, outbox, archive and database for a look afterwards."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from tests.conftest import CACHE, wait_for
+from tests.test_crash import (
+    check_outcome,
+    kill_rounds,
+    make_corpus,
+    runs,
+    start,
+    write_config,
+)
+
+
+def produce(src: Path, inbox: Path, rels: list[str], rng: random.Random) -> None:
+    """Every input once, in a random order, a few ms apart: odd ones renamed into place from a hidden name,
+    even ones written in place in three chunks 20 ms apart (the watcher must wait for the whole file)."""
+    order = rels[:]
+    rng.shuffle(order)
+    for i, rel in enumerate(order):
+        data = (src / rel).read_bytes()
+        dest = inbox / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if i % 2:
+            hidden = dest.with_name(f".{dest.name}.part")
+            hidden.write_bytes(data)
+            os.rename(hidden, dest)
+        else:
+            with open(dest, "wb") as f:
+                k = len(data) // 3
+                for part in (data[:k], data[k:2 * k], data[2 * k:]):
+                    f.write(part)
+                    f.flush()
+                    time.sleep(0.02)
+        time.sleep(rng.uniform(0, 0.03))
+
+
+def main(tmp: Path, rounds: int, n: int) -> None:
+    tmp.mkdir(parents=True)
+    rels = make_corpus(tmp / "src", CACHE / "samples", n=n, bad=10)
+    conf = write_config(tmp)
+    (tmp / "inbox").mkdir()
+    producer = threading.Thread(target=produce, args=(tmp / "src", tmp / "inbox", rels, random.Random(5)))
+    producer.start()
+    killed = kill_rounds(conf, ["watch"], rounds, random.Random(3))
+    producer.join()
+    print("killed", killed, "of", rounds, flush=True)
+    started = runs(tmp / "worker.db")
+    proc = start(conf, "watch")
+    assert wait_for(lambda: runs(tmp / "worker.db") > started, 120)
+    assert wait_for(lambda: not [p for p in (tmp / "inbox").rglob("*") if p.is_file()], 600), "inbox not drained"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    check_outcome(tmp, rels)
+    archived = sorted(p.relative_to(tmp / "archive").as_posix() for p in (tmp / "archive").rglob("*") if p.is_file())
+    expected = sorted(("failed/" if r.startswith("bad_") else "done/") + r for r in rels)
+    assert archived == expected, sorted(set(expected) ^ set(archived))[:10]
+    with contextlib.closing(sqlite3.connect(tmp / "worker.db")) as c:  # `with` alone would not close it
+        print("rows (status, count, most attempts):",
+              c.execute("SELECT status, count(*), max(attempts) FROM images GROUP BY status").fetchall())
+        print("starts:", c.execute("SELECT count(*) FROM runs").fetchone()[0])
+    print("OK: every input once, complete and archived")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
