@@ -42,6 +42,20 @@ def effcfg(cfg, effnet_onnx):
     return dataclasses.replace(cfg, model="efficientnet-lite0")
 
 
+def _payload(cfg, image_id: int) -> dict:
+    """The result document the database holds for an image."""
+    from sqlalchemy import select
+
+    from worker.store.db import open_db
+    from worker.store.schema import ResultRow
+
+    db = open_db(cfg.db)
+    with db.connect() as c:
+        payload = c.execute(select(ResultRow.payload).where(ResultRow.image_id == image_id)).scalar_one()
+    db.dispose()
+    return payload
+
+
 def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
     expected = hostile.build(tmp_path / "in", samples)
     summary = run_folder(effcfg, tmp_path / "in")
@@ -53,6 +67,11 @@ def test_hostile_corpus_run(effcfg, tmp_path: Path, samples: Path) -> None:
     h, w = cv2.imread(str(samples / "chelsea.png")).shape[:2]
     assert doc["image"] == {"width": h, "height": w}, "EXIF orientation applied: the result is in upright coordinates"
     assert json.loads((effcfg.outbox / "--help.png.json").read_text())["task"] == "classify"
+    # the first page or frame is processed, and the result says how many there were (the database's too)
+    for rel in ("multipage.tif", "animated.gif"):
+        assert json.loads((effcfg.outbox / f"{rel}.json").read_text())["image"]["pages"] == 2, rel
+        assert _payload(effcfg, rows[rel].id)["image"]["pages"] == 2, rel
+    assert "pages" not in json.loads((effcfg.outbox / "palette.png.json").read_text())["image"]
     assert (effcfg.outbox / "ünïcødé 画像.jpg.json").exists()
     long_name = "長" * 82 + ".jpg"  # 250 bytes: "<name>.json" would be 255, its temporary name longer
     assert output_rel(long_name) != long_name

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from worker.errors import DecodeError, ImageTooLarge
-from worker.images import decode, decode_reduced
+from worker.images import decode, decode_reduced, frames
 
 
 def _png(arr: np.ndarray, mode: str | None = None) -> bytes:
@@ -281,3 +281,22 @@ def test_32_bit_samples_are_refused_naming_the_file_and_16_bit_ones_decode() -> 
     pgm = cv2.imencode(".pgm", np.full((4, 6), 3000, np.uint16))[1].tobytes()
     assert decode(pgm, "g.pgm", 10**6)[0, 0].tolist() == [11, 11, 11]  # 3000 / 256
     assert decode(pgm, "g.pgm", 10**6, depth=16)[0, 0].tolist() == [3000] * 3
+
+
+def test_frames_counts_pages_and_frames_and_says_one_for_the_rest() -> None:
+    """A multi-page TIFF, an animated GIF and an animated PNG (APNG) say how many; a JPEG, a still PNG
+    and bytes that are no image say one (decoding then takes the first, or fails for its own reason)."""
+    pages = [Image.new("RGB", (8, 6), c) for c in ("red", "green", "blue")]
+
+    def saved(fmt: str, n: int, **kw) -> bytes:
+        buf = io.BytesIO()
+        pages[0].save(buf, fmt, save_all=n > 1, append_images=pages[1:n], **kw)
+        return buf.getvalue()
+
+    assert frames(saved("TIFF", 3)) == 3
+    assert frames(saved("GIF", 2)) == 2
+    assert frames(saved("PNG", 3)) == 3 and b"acTL" in saved("PNG", 3)
+    assert frames(saved("PNG", 1)) == 1 and frames(saved("JPEG", 1)) == 1 and frames(saved("TIFF", 1)) == 1
+    assert frames(b"not an image") == 1
+    first = decode(saved("TIFF", 3), "three.tif", 10**6)
+    assert first.shape == (6, 8, 3) and tuple(first[0, 0]) == (0, 0, 255)  # BGR: the red first page

@@ -158,6 +158,23 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool) -> np.ndarray:
     return img
 
 
+def frames(data: bytes) -> int:
+    """How many pages or frames the file holds (a multi-page TIFF, an animated GIF, WebP or PNG): decoding
+    takes the first, and the result says how many there were. A JPEG holds one; so does a PNG without an
+    animation control chunk (`acTL`, before the image data), both known without opening them again."""
+    if data[:2] == b"\xff\xd8":
+        return 1
+    if data[:8] == PNG_SIGNATURE and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) < 0:
+        return 1
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as opened:
+                return max(int(getattr(opened, "n_frames", 1)), 1)
+    except Exception:  # decoding took the first frame; what follows it is no reason to fail the image
+        return 1
+
+
 _REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 
 

@@ -36,7 +36,7 @@ from worker.batcher import Batcher
 from worker.engine import Engine
 from worker.errors import ImageError, ImageTooLarge, InputGone, OutboxFull, WorkerError
 from worker.gpu import GpuMemory
-from worker.images import decode, decode_reduced
+from worker.images import decode, decode_reduced, frames
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard, accepted_digests
@@ -124,6 +124,7 @@ class _Item:
     taken: bool = False  # in another live worker's hands (its claim came first): left to it
     timings: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
+    pages: int = 1  # pages or frames in the file (a multi-page TIFF, an animated GIF): the first is processed
 
 
 class Pipeline:
@@ -427,6 +428,9 @@ class Pipeline:
         else:
             image = decode(data, job.key, self.settings.max_pixels, self._depth)
             orig_hw = (image.shape[0], image.shape[1])
+        if (pages := frames(data)) > 1:
+            item.pages = pages
+            log.warning("%s: %d pages (or frames); only the first is processed", job.key, pages)
         t1 = time.perf_counter()
         item.tensor, item.geometry = self.adapter.preprocess(image)
         if orig_hw != image.shape[:2]:
@@ -553,7 +557,8 @@ class Pipeline:
         t1 = time.perf_counter()
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
         item.timings["postprocess_ms"] = (t1 - t0) * 1000
-        document = {**self._head(item, JobStatus.DONE), "image": {"width": w, "height": h}, **result.summary(),
+        image = {"width": w, "height": h, **({"pages": item.pages} if item.pages > 1 else {})}
+        document = {**self._head(item, JobStatus.DONE), "image": image, **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in _JSON_TIMINGS}}
         json_path, mask_path = self.outbox.write(job.rel, result, document, item.image)
