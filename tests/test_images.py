@@ -283,6 +283,42 @@ def test_32_bit_samples_are_refused_naming_the_file_and_16_bit_ones_decode() -> 
     assert decode(pgm, "g.pgm", 10**6, depth=16)[0, 0].tolist() == [3000] * 3
 
 
+def test_depth_32_takes_a_32_bit_tiffs_own_values_and_any_other_files_as_floats() -> None:
+    """`preprocess.depth: 32`: a float TIFF's samples as they are (negative ones too; gray replicated,
+    colour in BGR order), a 32-bit integer TIFF's as floats, an 8- or 16-bit file's pixels at their own
+    depth; a sample that is NaN or infinite (no data) fails the image, naming how many."""
+    temps = (np.arange(24, dtype=np.float32).reshape(4, 6) - 10.0) * 2.5  # -25.0 .. 32.5
+    buf = io.BytesIO()
+    Image.fromarray(temps, mode="F").save(buf, format="TIFF")
+    got = decode(buf.getvalue(), "t.tiff", 10**6, depth=32)
+    assert got.dtype == np.float32 and got.shape == (4, 6, 3)
+    assert all(np.array_equal(got[:, :, c], temps) for c in range(3))
+    bgr = np.dstack([temps, temps * 2, -temps]).astype(np.float32)
+    colour = cv2.imencode(".tiff", bgr, [cv2.IMWRITE_TIFF_COMPRESSION, 1])[1].tobytes()  # plain float samples
+    assert np.array_equal(decode(colour, "c.tiff", 10**6, depth=32), bgr)
+    # Pillow cannot open a colour float TIFF: it was decoded at 8 bits, clipped, and done (before session 31)
+    with pytest.raises(DecodeError, match="c.tiff: a TIFF of 32-bit float samples, not 8- or 16-bit pixels"):
+        decode(colour, "c.tiff", 10**6)
+    buf = io.BytesIO()
+    Image.fromarray(np.full((4, 6), -3000, np.int32), mode="I").save(buf, format="TIFF")
+    assert decode(buf.getvalue(), "i.tiff", 10**6, depth=32)[0, 0].tolist() == [-3000.0] * 3
+    assert decode(cv2.imencode(".png", np.full((4, 6), 200, np.uint8))[1].tobytes(), "g.png", 10**6,
+                  depth=32)[0, 0].tolist() == [200.0] * 3
+    assert decode(cv2.imencode(".png", np.full((4, 6), 3000, np.uint16))[1].tobytes(), "s.png", 10**6,
+                  depth=32)[0, 0].tolist() == [3000.0] * 3
+    holes = temps.copy()
+    holes[0, :2] = np.nan
+    holes[1, 0] = np.inf
+    buf = io.BytesIO()
+    Image.fromarray(holes, mode="F").save(buf, format="TIFF")
+    with pytest.raises(DecodeError, match=r"h.tiff: 3 of its 24 samples are NaN or infinite \(no data\)"):
+        decode(buf.getvalue(), "h.tiff", 10**6, depth=32)
+    with pytest.raises(DecodeError, match="save it at 8 or 16 bits, or give the model's card preprocess.depth: 32"):
+        decode(buf.getvalue(), "h.tiff", 10**6)
+    with pytest.raises(ImageTooLarge, match="big.tiff: 6x4 pixels is over the limit of 20"):
+        decode(buf.getvalue(), "big.tiff", 20, depth=32)
+
+
 def test_frames_counts_pages_and_frames_and_says_one_for_the_rest() -> None:
     """A multi-page TIFF, an animated GIF and an animated PNG (APNG) say how many; a JPEG, a still PNG
     and bytes that are no image say one (decoding then takes the first, or fails for its own reason)."""

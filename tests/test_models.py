@@ -53,7 +53,7 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
      "'preprocess.mean' must have one value for color: gray \\(the model sees one channel\\), got \\[123.675"),
     ("segment", "preprocess: {color: rgb, std: [58.4]}",
      "'preprocess.std' must have 3 values, one per rgb channel, got \\[58.4\\]"),
-    ("detect", "preprocess: {depth: 12}", "'preprocess.depth' must be one of 8, 16, got 12"),
+    ("detect", "preprocess: {depth: 12}", "'preprocess.depth' must be one of 8, 16, 32, got 12"),
     ("detect", "preprocess: {pad_value: 300}",
      "'preprocess.pad_value' must be a pixel value, 0-255 at depth 8, got 300"),
     ("detect", "preprocess: {depth: 16, pad_value: 70000}",

@@ -329,6 +329,31 @@ def test_a_16_bit_card_gets_a_12_bit_scans_levels_unrounded(own) -> None:
     assert abs(int(drawn[30, 80, 1]) - 1000 // 256) <= 2  # outside the mask: the scan's top 8 bits
 
 
+def test_a_32_bit_card_gets_a_float_tiffs_temperatures_as_they_are(own) -> None:
+    """depth 32: a thermal camera's float TIFF (degrees) reaches the model as its values, normalised in
+    those units (x = T / 100 here: the mask is where it is over 50 degrees); one with no-data samples
+    fails naming them, and the overlay stretches the range to 8 bits. At depth 8 the same file failed."""
+    cfg, models, images = own
+    _gray_card(models, "nchw", "{color: gray, depth: 32, resize: stretch, mean: [0], std: [100]}")
+    _gray_model(models / "xray" / "xray.onnx", "nchw")
+    temps = np.full((60, 90), 21.5, np.float32)
+    temps[:, :45] = 80.25
+    cv2.imwrite(str(images / "thermal.tiff"), temps)
+    temps[10, 10] = np.nan
+    cv2.imwrite(str(images / "gaps.tiff"), temps)
+    cfg = dataclasses.replace(cfg, model="xray", outputs=dataclasses.replace(cfg.outputs, overlays=True))
+    summary = run_folder(cfg, images)
+    assert (summary.figures["done"], summary.figures["failed"]) == (1, 1)
+    mask = cv2.imread(str(cfg.outbox / "thermal.tiff.mask.png"), cv2.IMREAD_GRAYSCALE)
+    assert (mask[:, :43] == 255).all() and (mask[:, 47:] == 0).all()
+    score = json.loads((cfg.outbox / "thermal.tiff.json").read_text())["score"]
+    assert score == pytest.approx(1 / (1 + np.exp(-(8 * 0.8025 - 4))), abs=0.01)
+    error = json.loads((cfg.outbox / "gaps.tiff.error.json").read_text())["error"]
+    assert "1 of its 5400 samples are NaN or infinite" in error
+    drawn = cv2.imread(str(cfg.outbox / "thermal.tiff.overlay.jpg"))
+    assert drawn.shape == (60, 90, 3) and abs(int(drawn[30, 80, 1])) <= 2  # the coldest: 0 of 255
+
+
 def _rows_model(path: Path, rows: np.ndarray, gate: np.ndarray) -> None:
     """(N, 3, 32, 48) -> output0 (N, K, d): the fixed `rows` (1, K, d) plus the image's mean level (0-1)
     wherever `gate` (1, K, d) is 1, so that one score follows the image."""

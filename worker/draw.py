@@ -16,8 +16,16 @@ _COLORS = np.array([(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 25
 
 
 def overlay(image: np.ndarray, result: Result) -> np.ndarray:
-    """A uint8 BGR copy of `image` (uint8, or uint16 at depth 16) with the result drawn on it."""
-    out = (image >> 8).astype(np.uint8) if image.dtype == np.uint16 else image.copy()
+    """A uint8 BGR copy of `image` (uint8, uint16 at depth 16, float32 at depth 32: its range stretched
+    to 0-255) with the result drawn on it."""
+    out: np.ndarray
+    if image.dtype == np.uint16:
+        out = (image >> 8).astype(np.uint8)
+    elif image.dtype == np.float32:
+        lo, hi = float(image.min()), float(image.max())
+        out = np.rint((image - lo) * (255.0 / (hi - lo) if hi > lo else 0.0)).astype(np.uint8)
+    else:
+        out = image.copy()
     if isinstance(result, Mask):
         tint = np.zeros_like(out)
         tint[result.mask] = (0, 0, 255)

@@ -1,5 +1,5 @@
 """Decode image bytes into a uint8 BGR array (H, W, 3), the way OpenCV's imread does (uint16 for a
-card with `preprocess.depth: 16`).
+card with `preprocess.depth: 16`; float32 of the file's own values, a float TIFF's too, for depth 32).
 
 One place knows the quirks: EXIF orientation (applied, so results are in upright coordinates),
 16-bit (scaled to 8-bit, unless depth 16), grayscale (replicated to 3 channels), RGBA (alpha
@@ -86,10 +86,11 @@ def _exif_orientation(tiff: bytes) -> int:
     return 1
 
 
-def check_header(data: bytes, name: str) -> tuple[int, int] | None:
+def check_header(data: bytes, name: str, samples32: bool = False) -> tuple[int, int] | None:
     """The image's (width, height) read from its header, or None when Pillow does not know the format;
-    raises DecodeError for a header that cannot be read, and for samples that are not pixels: 32-bit
-    float or integer TIFFs (measurements, which decoding would clip to black or white without a word).
+    raises DecodeError for a header that cannot be read, and, unless `samples32` (a card's depth 32), for
+    samples that are not pixels: 32-bit float or integer TIFFs (measurements, which decoding at 8 or 16
+    bits would clip to black or white without a word).
 
     JPEG and PNG headers are read directly (this runs for every image; opening it with Pillow
     costs more than the rest of the checks together); other formats, and anything odd, go to Pillow."""
@@ -99,6 +100,10 @@ def check_header(data: bytes, name: str) -> tuple[int, int] | None:
         w, h = struct.unpack_from(">II", data, 16)
         if w and h:
             return w, h
+    # from the TIFF's own header: Pillow cannot open a colour TIFF of float samples, and OpenCV decoded one
+    # at 8 or 16 bits as if its values were pixels
+    if not samples32 and (kind := tiff_32bit(data)) is not None:
+        raise DecodeError(name, _not_pixels("TIFF", kind))
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -109,19 +114,93 @@ def check_header(data: bytes, name: str) -> tuple[int, int] | None:
         return None
     except Exception as e:  # truncated headers and the like
         raise DecodeError(name, f"unreadable image header ({type(e).__name__}: {e})") from None
-    # Pillow's float mode, or its 32-bit integer one holding a TIFF's 32-bit samples (it also holds
-    # 16-bit PGMs, which decode well)
-    if mode == "F" or (mode == "I" and max(bits if isinstance(bits, tuple) else (bits,)) == 32):
-        raise DecodeError(name, f"a {kind} of 32-bit {'float' if mode == 'F' else 'integer'} samples, not "
-                                f"8- or 16-bit pixels: save it at 8 or 16 bits")
+    if not samples32 and _is_32bit(mode, bits):
+        raise DecodeError(name, _not_pixels(kind or "file", "float" if mode == "F" else "integer"))
     return size
+
+
+def _not_pixels(kind: str, samples: str) -> str:
+    return (f"a {kind} of 32-bit {samples} samples, not 8- or 16-bit pixels: save it at 8 or 16 bits, or give "
+            f"the model's card preprocess.depth: 32 to take its samples as they are")
+
+
+def tiff_32bit(data: bytes) -> str | None:
+    """'float' or 'integer' when a TIFF's first image holds 32-bit samples (BitsPerSample 32; SampleFormat 3
+    is IEEE float), read from its first directory; None for any other file, or a TIFF of pixels."""
+    order = {b"II*\x00": "<", b"MM\x00*": ">"}.get(data[:4])
+    if order is None:
+        return None
+    found: dict[int, int] = {}
+    try:
+        (at,) = struct.unpack_from(order + "I", data, 4)
+        (entries,) = struct.unpack_from(order + "H", data, at)
+        for k in range(entries):
+            tag, kind, count, value = struct.unpack_from(order + "HHI4s", data, at + 2 + 12 * k)
+            if tag in (258, 339) and kind == 3:  # BitsPerSample, SampleFormat: SHORTs, one per sample
+                if count > 2:  # the values did not fit in the entry: it holds their offset
+                    value = data[struct.unpack(order + "I", value)[0]:][:2]
+                found[tag] = struct.unpack_from(order + "H", value)[0]
+    except struct.error:  # cut short: decoding says what is wrong with it
+        return None
+    if found.get(258) != 32:
+        return None
+    return "float" if found.get(339) == 3 else "integer"
+
+
+def _is_32bit(mode: str, bits: int | tuple[int, ...]) -> bool:
+    """Pillow's float mode, or its 32-bit integer one holding a TIFF's 32-bit samples (it also holds
+    16-bit PGMs, which decode as pixels)."""
+    return mode == "F" or (mode == "I" and max(bits if isinstance(bits, tuple) else (bits,)) == 32)
 
 
 def decode(data: bytes, name: str, max_pixels: int, depth: int = 8) -> np.ndarray:
     """Decode to BGR (H, W, 3), uint8; with `depth` 16, uint16: a 16-bit file's own pixels, any other
-    widened (255 -> 65535). Raises DecodeError or ImageTooLarge with the file name."""
+    widened (255 -> 65535); with `depth` 32, float32: a 32-bit file's own samples (float or integer),
+    any other file's pixels at their own depth (0-255 or 0-65535). Raises DecodeError or ImageTooLarge
+    with the file name."""
+    if depth == 32:
+        return _decode_samples(data, name, max_pixels)
     img = _decode(data, name, max_pixels, deep=depth == 16)
     return widen(img) if depth == 16 and img.dtype == np.uint8 else img
+
+
+def _decode_samples(data: bytes, name: str, max_pixels: int) -> np.ndarray:
+    """Depth 32: BGR (H, W, 3) float32 of the file's own values; refused when any is NaN or infinite (a
+    measurement's "no data", which would make every output of the model NaN)."""
+    if data[:2] == b"\xff\xd8" or data[:8] == PNG_SIGNATURE or not _holds_32bit(data):
+        return _decode(data, name, max_pixels, deep=True, floats=True).astype(np.float32)
+    size = check_header(data, name, samples32=True)
+    if size is not None:
+        _check_pixels(size[0], size[1], name, max_pixels)
+    # IMREAD_UNCHANGED: OpenCV's colour decode clips a float TIFF's negative values and refuses a gray one
+    img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    if img is None:
+        img = _decode_with_pillow(data, name, convert=False)
+    if img.ndim == 2:
+        img = np.repeat(img[:, :, None], 3, axis=2)
+    elif img.ndim == 3 and img.shape[2] == 4:
+        img = img[:, :, :3]  # alpha dropped, as for pixels
+    if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
+        raise DecodeError(name, f"unexpected decoded shape {img.shape}")
+    img = np.ascontiguousarray(img, dtype=np.float32)
+    if not np.isfinite(img).all():
+        bad = int(img.size - np.isfinite(img).sum()) // 3
+        raise DecodeError(name, f"{bad} of its {img.shape[0] * img.shape[1]} samples are NaN or infinite (no "
+                                f"data): the model would give NaN for the whole image")
+    return img
+
+
+def _holds_32bit(data: bytes) -> bool:
+    """Whether the file holds 32-bit samples (a float or 32-bit integer TIFF, or what Pillow reads so)."""
+    if tiff_32bit(data) is not None:
+        return True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with Image.open(io.BytesIO(data)) as im:
+                return _is_32bit(im.mode, getattr(im, "tag_v2", {}).get(258, 0))
+    except Exception:  # not an image Pillow knows: decoding says why
+        return False
 
 
 def widen(img: np.ndarray) -> np.ndarray:
@@ -129,8 +208,9 @@ def widen(img: np.ndarray) -> np.ndarray:
     return img.astype(np.uint16) * np.uint16(257)
 
 
-def _decode(data: bytes, name: str, max_pixels: int, deep: bool) -> np.ndarray:
-    """BGR (H, W, 3), uint8, or with `deep` a 16-bit file's uint16 (JPEGs are 8-bit either way)."""
+def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = False) -> np.ndarray:
+    """BGR (H, W, 3), uint8, or with `deep` a 16-bit file's uint16 (JPEGs are 8-bit either way), and
+    with `floats` too an HDR format's float32 (Radiance, a TIFF's LogLuv) as OpenCV decodes it."""
     if not data:
         raise DecodeError(name, "empty file")
     jpeg = _jpeg_header(data) if data[:2] == b"\xff\xd8" else None
@@ -149,7 +229,7 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool) -> np.ndarray:
     buf = np.frombuffer(data, dtype=np.uint8)
     # applies EXIF orientation, gray->3 channels, and 16->8 bit unless deep
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if deep else 0))
-    if deep and img is not None and img.dtype not in (np.uint8, np.uint16):  # a float format (Radiance HDR)
+    if deep and not floats and img is not None and img.dtype not in (np.uint8, np.uint16):  # Radiance HDR
         img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
     if img is None:
         img = _decode_with_pillow(data, name)  # GIF, some TIFFs and WebPs OpenCV's build cannot read
@@ -204,7 +284,7 @@ def decode_reduced(data: bytes, name: str, max_pixels: int, needed: Callable[[tu
             _check_jpeg_complete(data, name)
             img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _REDUCED[k])
             if img is not None:
-                return (widen(img) if depth == 16 else img), orig
+                return (widen(img) if depth == 16 else img.astype(np.float32) if depth == 32 else img), orig
     img = decode(data, name, max_pixels, depth)
     return img, (img.shape[0], img.shape[1])
 
@@ -245,12 +325,16 @@ def _check_jpeg_complete(data: bytes, name: str) -> None:
         raise DecodeError(name, "truncated JPEG (no end-of-image marker after the last scan)")
 
 
-def _decode_with_pillow(data: bytes, name: str) -> np.ndarray:
+def _decode_with_pillow(data: bytes, name: str, convert: bool = True) -> np.ndarray:
+    """BGR (H, W, 3) uint8; with `convert` False, the first frame's own samples (H, W), as Pillow holds
+    them (a float or 32-bit integer TIFF's)."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             with Image.open(io.BytesIO(data)) as opened:
                 opened.seek(0)  # multi-frame (GIF, TIFF): the first frame
+                if not convert:
+                    return np.asarray(ImageOps.exif_transpose(opened))
                 rgb = np.asarray(ImageOps.exif_transpose(opened).convert("RGB"))
     except UnidentifiedImageError:
         raise DecodeError(name, "not an image (unknown or corrupt format)") from None

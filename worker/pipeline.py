@@ -55,8 +55,9 @@ _WAKE: Any = object()  # wakes a decode thread waiting for a job: images wait to
 # busy pipeline's claims share transactions (see recorder.GROUP_S) and no thread waits for a commit
 CLAIM_AHEAD = 4
 CLAIM_AHEAD_BYTES = 64 << 20
-# a file bigger than this many bytes per allowed pixel (16-bit RGBA, uncompressed) is refused unread:
-# reading it whole would cost its size in memory on each decode thread
+# a file bigger than this many bytes per allowed pixel (16-bit RGBA, uncompressed; twice that for a card
+# of depth 32, whose files may hold 32-bit samples) is refused unread: reading it whole would cost its
+# size in memory on each decode thread
 MAX_BYTES_PER_PIXEL = 8
 # the constructor waits at most this long for its threads' warm-ups, all together (a slow GPU's first
 # call on a thread can take seconds); past it intake starts anyway
@@ -362,9 +363,10 @@ class Pipeline:
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode):
                     raise ImageError(job.key, f"not a regular file ({_file_kind(st.st_mode)}): left unread")
-                if self.settings.max_pixels and st.st_size > MAX_BYTES_PER_PIXEL * self.settings.max_pixels:
+                per_pixel = MAX_BYTES_PER_PIXEL * (2 if self._depth == 32 else 1)
+                if self.settings.max_pixels and st.st_size > per_pixel * self.settings.max_pixels:
                     raise ImageTooLarge(job.key, f"{st.st_size} bytes is more than any image within the pixel "
-                                                 f"limit takes ({MAX_BYTES_PER_PIXEL} bytes x pipeline.max_pixels)")
+                                                 f"limit takes ({per_pixel} bytes x pipeline.max_pixels)")
                 item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
                 stamp = stamp_of(st)
                 if stamp is not None and not self.settings.replay and self._done_as_read(job.key, st.st_size, stamp):

@@ -79,8 +79,10 @@ class Preprocess:
     mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # in pixel units (0-255, or 0-65535 at depth 16), channel order
     std: tuple[float, ...] = (255.0, 255.0, 255.0)  # as `color` (gray: one value)
     # 16: 16-bit files keep their 16 bits (others are widened, 255 -> 65535), and mean, std and pad_value
-    # are in 0-65535 units; 8: every file is read at 8 bits (16-bit ones divided by 256)
-    depth: Literal[8, 16] = 8
+    # are in 0-65535 units; 8: every file is read at 8 bits (16-bit ones divided by 256); 32: each file's
+    # own values as floats (a float or 32-bit integer TIFF's samples: temperatures, reflectances; any
+    # other file's pixels at their own depth), mean, std and pad_value in those units
+    depth: Literal[8, 16, 32] = 8
 
     @property
     def channels(self) -> int:
@@ -247,8 +249,8 @@ def load_card(path: Path) -> ModelCard:
                               f"channel, got {list(values)}")
     if min(card.preprocess.std) <= 0:  # every pixel divided by it: inf and nan into the model, silently
         raise ConfigError(f"{path}: 'preprocess.std' must be more than 0, got {list(card.preprocess.std)}")
-    top = 255 if card.preprocess.depth == 8 else 65535
-    if not 0 <= card.preprocess.pad_value <= top:
+    top = {8: 255, 16: 65535}.get(card.preprocess.depth)
+    if top is not None and not 0 <= card.preprocess.pad_value <= top:
         raise ConfigError(f"{path}: 'preprocess.pad_value' must be a pixel value, 0-{top} at depth "
                           f"{card.preprocess.depth}, got {card.preprocess.pad_value}")
     if card.preprocess.resize == "letterbox" and card.task != "detect":

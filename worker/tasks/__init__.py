@@ -14,8 +14,8 @@ from worker.tasks.preprocess import Geometry
 
 class TaskAdapter(Protocol):
     def preprocess(self, image: np.ndarray) -> tuple[np.ndarray, Geometry]:
-        """BGR (H, W, 3), uint8 (uint16 at depth 16) -> float32 (C, h, w) network input (C: 3, or 1 for
-        gray) and the geometry to map back."""
+        """BGR (H, W, 3), uint8 (uint16 at depth 16, float32 at 32) -> float32 (C, h, w) network input
+        (C: 3, or 1 for gray) and the geometry to map back."""
         ...
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Result:

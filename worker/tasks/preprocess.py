@@ -39,8 +39,8 @@ def needed_size(spec: Preprocess, size_hw: tuple[int, int], orig_hw: tuple[int, 
 
 
 def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
-    """BGR (H, W, 3), uint8 or uint16 (depth 16) -> float32 (C, h, w) in the card's colour order and
-    normalisation (C: 3, or 1 for gray)."""
+    """BGR (H, W, 3), uint8, uint16 (depth 16) or float32 (depth 32) -> float32 (C, h, w) in the card's
+    colour order and normalisation (C: 3, or 1 for gray)."""
     resized, geo = resize_for(image, spec, size_hw)
     if spec.color == "rgb":
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
@@ -87,7 +87,7 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
         s = min(th / h, tw / w)
         nw, nh = max(int(round(w * s)), 1), max(int(round(h * s)), 1)
         left, top = (tw - nw) // 2, (th - nh) // 2
-        resized = np.full((th, tw, 3), spec.pad_value, dtype=image.dtype)  # uint16 at depth 16
+        resized = np.full((th, tw, 3), spec.pad_value, dtype=image.dtype)  # uint16 at depth 16, float32 at 32
         resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
         geo = Geometry((h, w), s, s, left, top)
     return resized, geo
