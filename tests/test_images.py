@@ -317,6 +317,8 @@ def test_depth_32_takes_a_32_bit_tiffs_own_values_and_any_other_files_as_floats(
         decode(buf.getvalue(), "h.tiff", 10**6)
     with pytest.raises(ImageTooLarge, match="big.tiff: 6x4 pixels is over the limit of 20"):
         decode(buf.getvalue(), "big.tiff", 20, depth=32)
+    with pytest.raises(ImageTooLarge, match="big.tiff: 6x4 pixels is over the limit of 20"):  # size from its tags
+        decode(colour, "big.tiff", 20, depth=32)
 
 
 def test_frames_counts_pages_and_frames_and_says_one_for_the_rest() -> None:

@@ -124,27 +124,38 @@ def _not_pixels(kind: str, samples: str) -> str:
             f"the model's card preprocess.depth: 32 to take its samples as they are")
 
 
-def tiff_32bit(data: bytes) -> str | None:
-    """'float' or 'integer' when a TIFF's first image holds 32-bit samples (BitsPerSample 32; SampleFormat 3
-    is IEEE float), read from its first directory; None for any other file, or a TIFF of pixels."""
+_WIDTH, _LENGTH, _BITS, _FORMAT = 256, 257, 258, 339  # TIFF tags: ImageWidth, ImageLength, BitsPerSample, SampleFormat
+
+
+def _tiff_fields(data: bytes) -> dict[int, int]:
+    """The first value of each of the tags above in a TIFF's first directory ({} for any other file, or
+    one cut short: decoding says what is wrong with it)."""
     order = {b"II*\x00": "<", b"MM\x00*": ">"}.get(data[:4])
-    if order is None:
-        return None
     found: dict[int, int] = {}
+    if order is None:
+        return found
     try:
         (at,) = struct.unpack_from(order + "I", data, 4)
         (entries,) = struct.unpack_from(order + "H", data, at)
         for k in range(entries):
             tag, kind, count, value = struct.unpack_from(order + "HHI4s", data, at + 2 + 12 * k)
-            if tag in (258, 339) and kind == 3:  # BitsPerSample, SampleFormat: SHORTs, one per sample
-                if count > 2:  # the values did not fit in the entry: it holds their offset
-                    value = data[struct.unpack(order + "I", value)[0]:][:2]
-                found[tag] = struct.unpack_from(order + "H", value)[0]
-    except struct.error:  # cut short: decoding says what is wrong with it
+            if tag not in (_WIDTH, _LENGTH, _BITS, _FORMAT) or kind not in (3, 4):  # SHORT, LONG
+                continue
+            if count * (2 if kind == 3 else 4) > 4:  # the values did not fit in the entry: it holds their offset
+                value = data[struct.unpack(order + "I", value)[0]:][:4]
+            found[tag] = struct.unpack_from(order + ("H" if kind == 3 else "I"), value)[0]
+    except struct.error:
+        return {}
+    return found
+
+
+def tiff_32bit(data: bytes) -> str | None:
+    """'float' or 'integer' when a TIFF's first image holds 32-bit samples (BitsPerSample 32; SampleFormat 3
+    is IEEE float), read from its first directory; None for any other file, or a TIFF of pixels."""
+    fields = _tiff_fields(data)
+    if fields.get(_BITS) != 32:
         return None
-    if found.get(258) != 32:
-        return None
-    return "float" if found.get(339) == 3 else "integer"
+    return "float" if fields.get(_FORMAT) == 3 else "integer"
 
 
 def _is_32bit(mode: str, bits: int | tuple[int, ...]) -> bool:
@@ -170,8 +181,11 @@ def _decode_samples(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     if data[:2] == b"\xff\xd8" or data[:8] == PNG_SIGNATURE or not _holds_32bit(data):
         return _decode(data, name, max_pixels, deep=True, floats=True).astype(np.float32)
     size = check_header(data, name, samples32=True)
-    if size is not None:
-        _check_pixels(size[0], size[1], name, max_pixels)
+    if size is None and {_WIDTH, _LENGTH} <= (fields := _tiff_fields(data)).keys():  # one Pillow cannot open
+        size = fields[_WIDTH], fields[_LENGTH]
+    if size is None:
+        raise DecodeError(name, "a TIFF of 32-bit samples whose size cannot be read")
+    _check_pixels(size[0], size[1], name, max_pixels)
     # IMREAD_UNCHANGED: OpenCV's colour decode clips a float TIFF's negative values and refuses a gray one
     img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if img is None:
