@@ -32,6 +32,7 @@ CONVERTED = {
     "face_detection/face_detection_short_range": {Op.PAD, Op.RESHAPE, Op.CONCATENATION, Op.MAX_POOL_2D},
     "face_landmark/face_landmark": {Op.PRELU, Op.PAD},
     "hand_landmark/hand_landmark_lite": {Op.FULLY_CONNECTED, Op.MEAN, Op.LOGISTIC},
+    "holistic_landmark/hand_recrop": {Op.STRIDED_SLICE, Op.PRELU, Op.PAD},
     "iris_landmark/iris_landmark": {Op.PRELU, Op.PAD, Op.RESHAPE},
     "palm_detection/palm_detection_lite": {Op.RESIZE_BILINEAR, Op.CONCATENATION, Op.RESHAPE},
     "pose_landmark/pose_landmark_full": {Op.RESHAPE, Op.RESIZE_BILINEAR, Op.LOGISTIC},
@@ -117,7 +118,6 @@ def test_the_tested_models_use_every_builtin_operator_but_softmax_and_sub(tflite
 
 
 @pytest.mark.parametrize(("name", "why"), [
-    ("holistic_landmark/hand_recrop", "operator #49 (STRIDED_SLICE): not supported"),
     ("face_landmark/face_landmark_with_attention", "(Landmarks2TransformMatrix): not supported"),
     ("pose_detection/pose_detection", "is stored sparse (TFLite's sparsity format)"),
 ])
@@ -140,8 +140,8 @@ def test_operator_names_are_the_schemas() -> None:
 
 def _tiny(tensors: list[tuple[str, tuple[int, ...], np.ndarray | None]],
           ops: list[tuple[int, int, object, list[int], list[int]]], inputs: list[int], outputs: list[int]) -> bytes:
-    """A float32 .tflite file: tensors (name, shape, constant data or None), operators (builtin code,
-    BuiltinOptions type, options object, input and output tensor indices)."""
+    """A .tflite file: tensors (name, shape, constant data or None; float32 unless the data is int32),
+    operators (builtin code, BuiltinOptions type, options object, input and output tensor indices)."""
     model = schema.ModelT()
     model.version = 3
     model.buffers = [schema.BufferT()]  # buffer 0: the empty one activations point at
@@ -152,8 +152,11 @@ def _tiny(tensors: list[tuple[str, tuple[int, ...], np.ndarray | None]],
         t.name, t.shape, t.type = name, list(shape), schema.TensorType.FLOAT32
         t.buffer = 0
         if data is not None:
+            if data.dtype == np.int32:
+                t.type = schema.TensorType.INT32
             buffer = schema.BufferT()
-            buffer.data = np.frombuffer(np.ascontiguousarray(data, np.float32).tobytes(), np.uint8)
+            buffer.data = np.frombuffer(np.ascontiguousarray(data, data.dtype if data.dtype == np.int32
+                                                             else np.float32).tobytes(), np.uint8)
             model.buffers.append(buffer)
             t.buffer = len(model.buffers) - 1
         graph.tensors.append(t)
@@ -210,13 +213,31 @@ def test_a_grouped_convolution_then_sub_reshape_fully_connected_and_softmax(tmp_
     _both_ways(tmp_path, data, rng.normal(size=(1, 4, 4, 6)).astype(np.float32))
 
 
+def test_a_strided_slice_with_masks_a_step_and_a_reversed_axis(tmp_path: Path) -> None:
+    """(1, 5, 6, 4) -> STRIDED_SLICE begin (0, 1, 4, 3), end (1, 5, -1, 0), strides (1, 2, 1, -1), the
+    batch and width axes from their start whatever begin says (begin_mask) and the channels back to the
+    first (end_mask): (1, 2, 5, 4)."""
+    B = schema.BuiltinOptions
+    data = _tiny(
+        [("x", (1, 5, 6, 4), None), ("begin", (4,), np.array([0, 1, 4, 3], np.int32)),
+         ("end", (4,), np.array([1, 5, -1, 0], np.int32)), ("strides", (4,), np.array([1, 2, 1, -1], np.int32)),
+         ("y", (1, 2, 5, 4), None)],
+        [(Op.STRIDED_SLICE, B.StridedSliceOptions,
+          _options(schema.StridedSliceOptionsT, beginMask=0b0101, endMask=0b1000), [0, 1, 2, 3], [4])],
+        [0], [4])
+    x = np.random.default_rng(4).normal(size=(1, 5, 6, 4)).astype(np.float32)
+    _both_ways(tmp_path, data, x)
+    assert np.array_equal(_onnx(tmp_path / "tiny.onnx", x)["y"], x[:, 1:5:2, 0:-1, 3::-1])
+
+
 def test_softmax_and_tanh_concatenated_then_relu6_and_padded(tmp_path: Path) -> None:
     """(1, 5, 6, 3) -> SOFTMAX over channels with beta 2, beside TANH -> CONCATENATION on axis -1 ->
     RELU6 -> PAD rows (1, 2) and columns (0, 1): channels-last axes mapped to NCHW."""
     B = schema.BuiltinOptions
     data = _tiny(
         [("x", (1, 5, 6, 3), None), ("soft", (1, 5, 6, 3), None), ("tanh", (1, 5, 6, 3), None),
-         ("cat", (1, 5, 6, 6), None), ("relu6", (1, 5, 6, 6), None), ("pads", (4, 2), None),
+         ("cat", (1, 5, 6, 6), None), ("relu6", (1, 5, 6, 6), None),
+         ("pads", (4, 2), np.array([[0, 0], [1, 2], [0, 1], [0, 0]], np.int32)),
          ("y", (1, 8, 7, 6), None)],
         [(Op.SOFTMAX, B.SoftmaxOptions, _options(schema.SoftmaxOptionsT, beta=2.0), [0], [1]),
          (Op.TANH, B.NONE, None, [0], [2]),
@@ -224,13 +245,4 @@ def test_softmax_and_tanh_concatenated_then_relu6_and_padded(tmp_path: Path) -> 
          (Op.RELU6, B.NONE, None, [3], [4]),
          (Op.PAD, B.PadOptions, schema.PadOptionsT(), [4, 5], [6])],
         [0], [6])
-    model = schema.ModelT.InitFromPackedBuf(data, 0)  # the paddings are int32: give them their own buffer
-    buffer = schema.BufferT()
-    buffer.data = np.frombuffer(np.array([[0, 0], [1, 2], [0, 1], [0, 0]], np.int32).tobytes(), np.uint8)
-    model.buffers.append(buffer)
-    model.subgraphs[0].tensors[5].buffer = len(model.buffers) - 1
-    model.subgraphs[0].tensors[5].type = schema.TensorType.INT32
-    builder = flatbuffers.Builder(1024)
-    builder.Finish(model.Pack(builder), file_identifier=b"TFL3")
-    _both_ways(tmp_path, bytes(builder.Output()),
-               np.random.default_rng(3).normal(size=(1, 5, 6, 3)).astype(np.float32) * 3)
+    _both_ways(tmp_path, data, np.random.default_rng(3).normal(size=(1, 5, 6, 3)).astype(np.float32) * 3)

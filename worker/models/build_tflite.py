@@ -48,6 +48,7 @@ class Op(IntEnum):
     PAD = 34
     MEAN = 40
     SUB = 41
+    STRIDED_SLICE = 45
     PRELU = 54
     HARD_SWISH = 117
 
@@ -262,6 +263,36 @@ class _Converter:
             inputs.append(self.g.const(self.consts[b].astype(np.float32)))
         return self._activation(self.g.node("Gemm", inputs, transB=1), op.option(0, "b"), op)
 
+    def _strided_slice(self, op: Operator) -> str:
+        """Constant begin, end and strides per NHWC axis, begin_mask and end_mask (a bit per axis: from the
+        start, to the end); the axes it leaves whole are left out, so a batch of any size passes."""
+        # StridedSliceOptions: 0 begin_mask, 1 end_mask, 2 ellipsis_mask, 3 new_axis_mask, 4 shrink_axis_mask,
+        # 5 offset
+        x, shape = op.inputs[0], self._shape(op.inputs[0])
+        begin, end, strides = (self.consts.get(i) for i in op.inputs[1:4])
+        if begin is None or end is None or strides is None or not len(begin) == len(end) == len(strides) == len(shape):
+            raise self._fail(op, "begin, end and strides that are not constants, one per axis")
+        if any(op.option(k, "i") for k in (2, 3, 4)) or op.option(5, "?", False):
+            raise self._fail(op, "an ellipsis, new or shrunk axes, or offsets")
+        begin_mask, end_mask = op.option(0, "i"), op.option(1, "i")
+        starts, ends, axes, steps = [], [], [], []
+        for a, n in enumerate(shape):
+            step = int(strides[a])
+            if step == 0:
+                raise self._fail(op, "a stride of 0")
+            lo = (0 if step > 0 else n - 1) if begin_mask >> a & 1 else int(begin[a])
+            hi = (n if step > 0 else -n - 1) if end_mask >> a & 1 else int(end[a])
+            if step == 1 and lo == 0 and hi >= n:
+                continue  # the whole axis
+            starts.append(lo)
+            ends.append(hi)
+            axes.append(TO_NCHW_AXIS[a] if len(shape) == 4 else a)
+            steps.append(step)
+        if not axes:
+            return self._value(x, op)
+        consts = [self.g.const(np.array(v, np.int64), np.int64) for v in (starts, ends, axes, steps)]
+        return self.g.node("Slice", [self._value(x, op), *consts])
+
     def _softmax(self, op: Operator) -> str:
         x, rank = self._value(op.inputs[0], op), len(self._shape(op.inputs[0]))
         beta = op.option(0, "f", 1.0)  # SoftmaxOptions: 0 beta
@@ -348,7 +379,7 @@ _OPS: dict[int, Callable[[_Converter, Operator], str]] = {
     Op.ADD: _Converter._binary, Op.SUB: _Converter._binary, Op.MUL: _Converter._binary,
     Op.PRELU: _Converter._prelu, Op.PAD: _Converter._pad, Op.RESHAPE: _Converter._reshape,
     Op.CONCATENATION: _Converter._concat, Op.FULLY_CONNECTED: _Converter._fully_connected,
-    Op.SOFTMAX: _Converter._softmax,
+    Op.SOFTMAX: _Converter._softmax, Op.STRIDED_SLICE: _Converter._strided_slice,
     Op.LOGISTIC: _Converter._unary, Op.RELU: _Converter._unary, Op.RELU6: _Converter._unary,
     Op.TANH: _Converter._unary, Op.HARD_SWISH: _Converter._unary,
     Op.RESIZE_BILINEAR: _Converter._resize, Op.MEAN: _Converter._mean,
