@@ -4,9 +4,10 @@ The graph is rebuilt operator by operator with every 4-D tensor in NCHW, ONNX's 
 convolutions, between one Transpose after the input and one before each 4-D output, so the ONNX file
 takes and gives the same channels-last tensors, under the same names, as the .tflite file. Tensors of
 other ranks keep TFLite's layout; RESHAPE and FULLY_CONNECTED, whose meaning depends on the order of
-the elements, see a 4-D input back in NHWC. Float16 weights (DEQUANTIZE of a
-constant) are widened to float32 here, as TFLite's CPU kernels do at load time. TensorFlow's SAME
-padding (the extra row and column, when odd, at the bottom and right) becomes explicit pads.
+the elements, see a 4-D input back in NHWC. Float16 weights (DEQUANTIZE of a constant) are widened to
+float32 here, as TFLite's CPU kernels do at load time; sparse ones come dense from the reader, and
+their DENSIFY is folded the same way. TensorFlow's SAME padding (the extra row and column, when odd, at
+the bottom and right) becomes explicit pads.
 
 Supported: the operators listed in `_OPS` and MediaPipe's custom `Convolution2DTransposeBias`, on
 float32 activations with static spatial sizes; anything else stops the build naming the operator.
@@ -34,6 +35,7 @@ class Op(IntEnum):
     CONCATENATION = 2
     CONV_2D = 3
     DEPTHWISE_CONV_2D = 4
+    DEPTH_TO_SPACE = 5
     DEQUANTIZE = 6
     FULLY_CONNECTED = 9
     LOGISTIC = 14
@@ -51,6 +53,7 @@ class Op(IntEnum):
     STRIDED_SLICE = 45
     PRELU = 54
     HARD_SWISH = 117
+    DENSIFY = 124
 
 
 SAME = 0  # Padding enum of the builtin options (VALID = 1)
@@ -158,6 +161,11 @@ class _Converter:
         return before + after
 
     def _convert(self, op: Operator) -> None:
+        if op.code == Op.DENSIFY:  # sparse weights: the reader made them dense already
+            if op.inputs[0] not in self.consts:
+                raise self._fail(op, "an input that is not a constant")
+            self.consts[op.outputs[0]] = self.consts[op.inputs[0]]
+            return
         if op.code == Op.DEQUANTIZE:  # float16 weights: widened once, here
             if op.inputs[0] not in self.consts or self.consts[op.inputs[0]].dtype != np.float16:
                 raise self._fail(op, "only float16 weights are widened here (int8 ones are a quantised model's)")
@@ -293,6 +301,13 @@ class _Converter:
         consts = [self.g.const(np.array(v, np.int64), np.int64) for v in (starts, ends, axes, steps)]
         return self.g.node("Slice", [self._value(x, op), *consts])
 
+    def _depth_to_space(self, op: Operator) -> str:
+        """TensorFlow's order, channel index (i * block + j) * C + c to pixel (i, j): ONNX's DCR mode."""
+        block = op.option(0, "i")  # DepthToSpaceOptions: 0 block_size
+        if block < 1 or len(self._shape(op.inputs[0])) != 4:
+            raise self._fail(op, f"a block size of {block}, or an input that is not 4-D")
+        return self.g.node("DepthToSpace", [self._value(op.inputs[0], op)], blocksize=block, mode="DCR")
+
     def _softmax(self, op: Operator) -> str:
         x, rank = self._value(op.inputs[0], op), len(self._shape(op.inputs[0]))
         beta = op.option(0, "f", 1.0)  # SoftmaxOptions: 0 beta
@@ -380,10 +395,11 @@ _OPS: dict[int, Callable[[_Converter, Operator], str]] = {
     Op.PRELU: _Converter._prelu, Op.PAD: _Converter._pad, Op.RESHAPE: _Converter._reshape,
     Op.CONCATENATION: _Converter._concat, Op.FULLY_CONNECTED: _Converter._fully_connected,
     Op.SOFTMAX: _Converter._softmax, Op.STRIDED_SLICE: _Converter._strided_slice,
+    Op.DEPTH_TO_SPACE: _Converter._depth_to_space,
     Op.LOGISTIC: _Converter._unary, Op.RELU: _Converter._unary, Op.RELU6: _Converter._unary,
     Op.TANH: _Converter._unary, Op.HARD_SWISH: _Converter._unary,
     Op.RESIZE_BILINEAR: _Converter._resize, Op.MEAN: _Converter._mean,
-}  # and Op.DEQUANTIZE, folded into the weights in _convert
+}  # and Op.DEQUANTIZE and Op.DENSIFY, folded into the weights in _convert
 _CUSTOM: dict[str, Callable[[_Converter, Operator], str]] = {
     "Convolution2DTransposeBias": _Converter._transpose_conv_bias,
 }

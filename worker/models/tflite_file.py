@@ -176,10 +176,10 @@ def _read(buf: bytes) -> TfliteModel:
     for t in graph.tables(0):  # Tensor: 0 shape, 1 type, 2 buffer, 3 name, 6 sparsity
         dtype = _DTYPES.get(t.scalar(1, "b"))
         shape = tuple(t.vector(0, "i"))
-        if t.table(6) is not None:  # its buffer holds only the non-zero blocks, plus their index
-            raise ValueError(f"tensor {t.string(3)} is stored sparse (TFLite's sparsity format), which this "
-                             f"reader does not expand")
-        data = _data(buf, buffers[t.scalar(2, "I")], dtype, shape) if t.scalar(2, "I") else None
+        sparsity = t.table(6)  # its buffer then holds only the values kept, in the order it gives
+        data = _data(buf, buffers[t.scalar(2, "I")], dtype, None if sparsity else shape) if t.scalar(2, "I") else None
+        if sparsity is not None and data is not None:
+            data = _densify(data, shape, sparsity, t.string(3))
         tensors.append(Tensor(t.string(3), shape, dtype, data))
     ops = []
     for k, o in enumerate(graph.tables(3)):  # Operator: 0 opcode_index, 1 inputs, 2 outputs, 4 options, 5 custom
@@ -190,8 +190,53 @@ def _read(buf: bytes) -> TfliteModel:
     return TfliteModel(tuple(tensors), tuple(ops), tuple(graph.vector(1, "i")), tuple(graph.vector(2, "i")))
 
 
-def _data(buf: bytes, b: Table, dtype: Any, shape: tuple[int, ...]) -> np.ndarray | None:
-    """A buffer's bytes as an array (Buffer: 0 data; or 1 offset and 2 size into the file, for large models)."""
+def _densify(values: np.ndarray, shape: tuple[int, ...], sparsity: Table, name: str) -> np.ndarray:
+    """A sparse constant made dense, as TFLite's DENSIFY does (its FormatConverter): the dimensions are
+    walked in `traversal_order`, each either dense (every index up to its size) or compressed (CSR: the
+    indices kept, `array_indices[array_segments[p]:array_segments[p + 1]]` for position p of the walk so
+    far); `values` holds one value per complete walk, in order. Block-sparse tensors (a `block_map`)
+    are refused."""
+    # SparsityParameters: 0 traversal_order, 1 block_map, 2 dim_metadata
+    order, blocks, dims = sparsity.vector(0, "i"), sparsity.vector(1, "i"), sparsity.tables(2)
+    if blocks or sorted(order) != list(range(len(shape))) or len(dims) != len(shape):
+        raise ValueError(f"tensor {name} is stored block-sparse (TFLite's sparsity format with a block map), "
+                         f"which this reader does not expand")
+    dense = np.zeros(shape, dtype=values.dtype)
+    flat = values.reshape(-1)
+    index = [0] * len(shape)
+    taken = 0
+
+    def walk(level: int, position: int) -> None:
+        nonlocal taken
+        if level == len(order):
+            dense[tuple(index)] = flat[taken]
+            taken += 1
+            return
+        # DimensionMetadata: 0 format (0 dense, 1 CSR), 1 dense_size, 3 array_segments, 5 array_indices
+        # (the last two Int32Vector, Uint16Vector or Uint8Vector tables: 0 values)
+        meta, axis = dims[level], order[level]
+        if meta.scalar(0, "b") == 0:
+            size = meta.scalar(1, "i")
+            for i in range(size):
+                index[axis] = i
+                walk(level + 1, position * size + i)
+            return
+        kinds = {1: "i", 2: "H", 3: "B"}
+        segments = meta.table(3).vector(0, kinds[meta.scalar(2, "B")])  # type: ignore[union-attr]
+        indices = meta.table(5).vector(0, kinds[meta.scalar(4, "B")])  # type: ignore[union-attr]
+        for i in range(segments[position], segments[position + 1]):
+            index[axis] = indices[i]
+            walk(level + 1, i)
+
+    walk(0, 0)
+    if taken != flat.size:
+        raise ValueError(f"tensor {name}: its sparse index covers {taken} values, its buffer holds {flat.size}")
+    return dense
+
+
+def _data(buf: bytes, b: Table, dtype: Any, shape: tuple[int, ...] | None) -> np.ndarray | None:
+    """A buffer's bytes as an array (Buffer: 0 data; or 1 offset and 2 size into the file, for large models);
+    `shape` None for a flat one."""
     raw = b.raw(0)
     if not raw and (size := b.scalar(2, "Q")):
         offset = b.scalar(1, "Q")
@@ -200,4 +245,5 @@ def _data(buf: bytes, b: Table, dtype: Any, shape: tuple[int, ...]) -> np.ndarra
         return None
     if dtype is None:
         raise ValueError("a constant tensor of a type this reader does not know")
-    return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).reshape(shape).astype(dtype)
+    flat = np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<"))
+    return (flat if shape is None else flat.reshape(shape)).astype(dtype)
