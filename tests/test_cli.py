@@ -51,6 +51,28 @@ def test_tables_show_paths_whole_and_cut_only_errors(capsys) -> None:
     assert deep in out and "/" + deep in out and "x" * 57 + "..." in out and "x" * 58 not in out
 
 
+def test_control_characters_in_names_are_escaped_in_tables_and_log_lines(tmp_path: Path, ppocr_onnx: Path) -> None:
+    """A file name may hold a newline or an escape sequence: printed as it is, it broke `query`'s table
+    into two rows, and in the log it could forge a line or drive the terminal. Tables and log lines escape
+    them (\\n, \\x1b); the JSON output and the database keep the name as it is."""
+    conf = _config(tmp_path)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    (folder / "two\nlines.png").write_bytes(b"not an image")
+    (folder / "\x1b[2Jclear.png").write_bytes(b"not an image either")
+    proc = subprocess.run([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder), "--no-progress"],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr
+    failed = [line for line in proc.stderr.splitlines() if "failed:" in line]
+    assert len(failed) == 2 and all(line.startswith("20") for line in failed), proc.stderr  # each one line
+    assert "two\\nlines.png: not an image" in proc.stderr and "\\x1b[2Jclear.png" in proc.stderr
+    assert "\x1b" not in proc.stderr
+    table = CliRunner().invoke(cli, ["--config", str(conf), "query"]).output
+    assert len(table.splitlines()) == 3 and "two\\nlines.png" in table and "\x1b" not in table, table
+    rows = json.loads(CliRunner().invoke(cli, ["--config", str(conf), "query", "--format", "json"]).output)
+    assert sorted(r["rel_path"] for r in rows) == sorted(["two\nlines.png", "\x1b[2Jclear.png"])
+
+
 def _not_json(token: str) -> None:
     raise AssertionError(f"{token} is not JSON (strict parsers such as jq refuse it)")
 

@@ -22,6 +22,7 @@ import click
 from worker import config as config_mod
 from worker.config import Config, Disposition
 from worker.errors import ConfigError, WorkerError
+from worker.names import printable
 
 if TYPE_CHECKING:
     from worker.engine import Engine
@@ -139,10 +140,20 @@ def cli(ctx: click.Context, config_path: Path | None, verbose: bool) -> None:
     Example:
       worker run ./images --model ppocr-det
     """
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(_OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     logging.getLogger("alembic").setLevel(logging.WARNING)
     ctx.obj = {"config_path": config_path or config_mod.default_config_path()}
+
+
+class _OneLineFormatter(logging.Formatter):
+    """One line per message: control characters in it (a file name's newline, an escape sequence) are
+    escaped, so that no name can forge a log line or drive the terminal; a traceback still follows."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
 
 @cli.command()
@@ -252,7 +263,7 @@ def _cell(v: Any, column: str = "") -> str:
         return "-"
     if isinstance(v, float):
         return f"{v:.4g}"
-    s = str(v)
+    s = printable(str(v))  # a name's newline would break the table's rows (the JSON and CSV keep it)
     # only the error is cut to keep a table readable (the JSON and CSV have it whole); a path never is:
     # its end, the file's name, is what the reader looks for
     return s if column != "error" or len(s) <= 60 else s[:57] + "..."

@@ -13,6 +13,10 @@ import re
 from pathlib import Path
 
 _ESCAPED = re.compile(r"\\x([89a-f][0-9a-f])")
+# control characters (C0, DEL, C1): a name may hold them (a newline, an escape sequence), and printed as
+# they are they break a table's rows, forge log lines or drive the terminal
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
 def as_text(name: str) -> str:
@@ -30,3 +34,9 @@ def on_disk(root: Path, text: str) -> str:
     if "\\x" not in text or (root / text).exists():
         return text
     return _ESCAPED.sub(lambda m: chr(0xDC00 + int(m[1], 16)), text)
+
+
+def printable(text: str) -> str:
+    """`text` for a terminal or a log line: its control characters as escapes (\\n, \\t, \\x1b); the
+    database, JSON and CSV keep them as they are."""
+    return _CONTROL.sub(lambda m: _NAMED.get(m[0], f"\\x{ord(m[0]):02x}"), text)
