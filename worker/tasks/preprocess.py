@@ -76,9 +76,11 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
     elif spec.resize == "shorter-crop":
         s = spec.resize_shorter / min(h, w)
         nw, nh = int(round(w * s)), int(round(h * s))
-        full = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
         top, left = max((nh - th) // 2, 0), max((nw - tw) // 2, 0)
-        resized = full[top:top + th, left:left + tw]
+        if nw * nh > SLIVER_FACTOR * max(h * w, th * tw):
+            resized = _crop_of_resize(image, (nh, nw), (top, left), (min(th, nh), min(tw, nw)))
+        else:
+            resized = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)[top:top + th, left:left + tw]
         if resized.shape[:2] != (th, tw):  # shorter side below the crop size: pad, never fail
             resized = cv2.copyMakeBorder(resized, 0, th - resized.shape[0], 0, tw - resized.shape[1],
                                          cv2.BORDER_CONSTANT, value=(0, 0, 0))
@@ -91,6 +93,33 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
         resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
         geo = Geometry((h, w), s, s, left, top)
     return resized, geo
+
+
+# shorter-crop resizes the whole image before it crops: a sliver (4 x 80000 pixels, its shorter side
+# scaled up 64 times to 256) would take gigabytes and seconds. Past this many times the pixels of the
+# image or of the crop, the crop is sampled straight from the image instead
+SLIVER_FACTOR = 4
+
+
+def _crop_of_resize(image: np.ndarray, size_hw: tuple[int, int], at: tuple[int, int],
+                    crop_hw: tuple[int, int]) -> np.ndarray:
+    """The (h, w) window at (top, left) of `image` resized to `size_hw`, without the rest: bilinear, at
+    cv2.resize's positions ((x + 0.5) * W / w - 0.5, clamped to the image: edges replicated), in float and
+    rounded, where resize keeps its weights to 1/2048: within one level of it."""
+    (h, w), (nh, nw), (top, left), (ch, cw) = image.shape[:2], size_hw, at, crop_hw
+    ys = np.clip((np.arange(top, top + ch) + 0.5) * (h / nh) - 0.5, 0, h - 1)
+    xs = np.clip((np.arange(left, left + cw) + 0.5) * (w / nw) - 0.5, 0, w - 1)
+    y0, x0 = ys.astype(np.intp), xs.astype(np.intp)  # floor: both are >= 0
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    wy, wx = (ys - y0).astype(np.float32)[:, None, None], (xs - x0).astype(np.float32)[None, :, None]
+
+    def at_(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        return image[np.ix_(rows, cols)].astype(np.float32)
+
+    out = (at_(y0, x0) * (1 - wx) + at_(y0, x1) * wx) * (1 - wy) + (at_(y1, x0) * (1 - wx) + at_(y1, x1) * wx) * wy
+    if image.dtype == np.float32:
+        return out
+    return np.clip(np.rint(out), 0, np.iinfo(image.dtype).max).astype(image.dtype)
 
 
 class CardPreprocessing:
