@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from worker.models.card import Preprocess
-from worker.tasks.preprocess import prepare, resize_for
+from worker.tasks.preprocess import _sample, prepare, resize_for
 
 
 @pytest.mark.parametrize("resize", ["stretch", "shorter-crop", "letterbox"])
@@ -99,3 +99,22 @@ def test_shorter_crop_of_a_sliver_is_sampled_from_the_image_not_from_it_resized_
     finally:
         tracemalloc.stop()
     assert peak < 32 << 20, f"{peak / 2**20:.0f} MB"
+
+
+def test_stretch_asymmetric_of_an_image_wider_than_opencvs_warps_take(samples) -> None:
+    """OpenCV's warps refuse images of 32767 pixels a side or more: a 20 x 40000 strip under a MediaPipe
+    card failed with OpenCV's assertion text. Past that the same sampling (at x * W / w, black past the
+    right and bottom edges) is done in numpy: held to warpPerspective on a photo both take (OpenCV rounds
+    its weights to 1/32: within 4 levels, as tests/test_reference_selfie.py holds it to numpy too)."""
+    rng = np.random.default_rng(1)
+    photo = cv2.imread(str(samples / "chelsea.png"), cv2.IMREAD_COLOR)
+    for image in (photo, photo[100:200, 150:300]):  # the small one stretched up: black past its edges
+        h, w = image.shape[:2]
+        warped, _ = resize_for(image, Preprocess(resize="stretch-asymmetric"), (256, 256))
+        mine = _sample(image, np.arange(256) * (h / 256), np.arange(256) * (w / 256), replicate=False)
+        diff = np.abs(mine.astype(int) - warped.astype(int))
+        assert diff.max() <= 4 and diff.mean() < 0.5
+    strip = rng.integers(0, 256, (20, 40000, 3), dtype=np.uint8)
+    got, geo = resize_for(strip, Preprocess(resize="stretch-asymmetric"), (256, 256))
+    assert got.shape == (256, 256, 3) and (geo.scale_x, geo.scale_y) == (256 / 40000, 256 / 20)
+    assert got[:, 0].tolist() == _sample(strip, np.arange(256) * (20 / 256), np.zeros(1), replicate=False)[:, 0].tolist()

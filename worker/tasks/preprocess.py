@@ -65,6 +65,9 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
     if spec.resize == "stretch":
         resized = cv2.resize(image, (tw, th), interpolation=cv2.INTER_LINEAR)
         geo = Geometry((h, w), tw / w, th / h)
+    elif spec.resize == "stretch-asymmetric" and max(h, w) >= WARP_MAX:
+        resized = _sample(image, np.arange(th) * (h / th), np.arange(tw) * (w / tw), replicate=False)
+        geo = Geometry((h, w), tw / w, th / h)
     elif spec.resize == "stretch-asymmetric":
         # the corner-to-corner matrix through warpPerspective, as MediaPipe builds it: warpAffine with the
         # same scales rounds its coordinates differently (94 of chelsea.png's mask pixels flipped)
@@ -77,8 +80,9 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
         s = spec.resize_shorter / min(h, w)
         nw, nh = int(round(w * s)), int(round(h * s))
         top, left = max((nh - th) // 2, 0), max((nw - tw) // 2, 0)
-        if nw * nh > SLIVER_FACTOR * max(h * w, th * tw):
-            resized = _crop_of_resize(image, (nh, nw), (top, left), (min(th, nh), min(tw, nw)))
+        if nw * nh > SLIVER_FACTOR * max(h * w, th * tw):  # the crop's pixels at resize's positions
+            ys = (np.arange(top, top + min(th, nh)) + 0.5) * (h / nh) - 0.5
+            resized = _sample(image, ys, (np.arange(left, left + min(tw, nw)) + 0.5) * (w / nw) - 0.5)
         else:
             resized = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)[top:top + th, left:left + tw]
         if resized.shape[:2] != (th, tw):  # shorter side below the crop size: pad, never fail
@@ -101,22 +105,32 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
 SLIVER_FACTOR = 4
 
 
-def _crop_of_resize(image: np.ndarray, size_hw: tuple[int, int], at: tuple[int, int],
-                    crop_hw: tuple[int, int]) -> np.ndarray:
-    """The (h, w) window at (top, left) of `image` resized to `size_hw`, without the rest: bilinear, at
-    cv2.resize's positions ((x + 0.5) * W / w - 0.5, clamped to the image: edges replicated), in float and
-    rounded, where resize keeps its weights to 1/2048: within one level of it."""
-    (h, w), (nh, nw), (top, left), (ch, cw) = image.shape[:2], size_hw, at, crop_hw
-    ys = np.clip((np.arange(top, top + ch) + 0.5) * (h / nh) - 0.5, 0, h - 1)
-    xs = np.clip((np.arange(left, left + cw) + 0.5) * (w / nw) - 0.5, 0, w - 1)
-    y0, x0 = ys.astype(np.intp), xs.astype(np.intp)  # floor: both are >= 0
-    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
-    wy, wx = (ys - y0).astype(np.float32)[:, None, None], (xs - x0).astype(np.float32)[None, :, None]
+# OpenCV's warps take images under 32767 pixels a side (SHRT_MAX): a wider one (a panorama, a line scan)
+# is stretched by `_sample` instead
+WARP_MAX = 32767
 
-    def at_(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+
+def _sample(image: np.ndarray, ys: np.ndarray, xs: np.ndarray, replicate: bool = True) -> np.ndarray:
+    """`image` sampled bilinearly at rows `ys` and columns `xs` (source coordinates), in float and
+    rounded: (len(ys), len(xs), 3) of the image's dtype. Beyond the last row or column the image's edge
+    repeats (`replicate`, cv2.resize's way: within one level of it, whose weights are kept to 1/2048)
+    or is black (warpPerspective's constant border, as stretch-asymmetric samples)."""
+    h, w = image.shape[:2]
+    if replicate:  # cv2.resize clamps its positions to the image
+        ys, xs = np.clip(ys, 0, h - 1), np.clip(xs, 0, w - 1)
+    y0, x0 = ys.astype(np.intp), xs.astype(np.intp)  # floor: both are >= 0
+    wy, wx = (ys - y0).astype(np.float32)[:, None, None], (xs - x0).astype(np.float32)[None, :, None]
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+
+    def at(rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
         return image[np.ix_(rows, cols)].astype(np.float32)
 
-    out = (at_(y0, x0) * (1 - wx) + at_(y0, x1) * wx) * (1 - wy) + (at_(y1, x0) * (1 - wx) + at_(y1, x1) * wx) * wy
+    past_y, past_x = (y0 + 1 >= h)[:, None, None], (x0 + 1 >= w)[None, :, None]  # the neighbour is off the image
+    below, right, corner = at(y1, x0), at(y0, x1), at(y1, x1)
+    if not replicate:
+        below, right, corner = (np.where(past_y, 0, below), np.where(past_x, 0, right),
+                                np.where(past_y | past_x, 0, corner))
+    out = (at(y0, x0) * (1 - wx) + right * wx) * (1 - wy) + (below * (1 - wx) + corner * wx) * wy
     if image.dtype == np.float32:
         return out
     return np.clip(np.rint(out), 0, np.iinfo(image.dtype).max).astype(image.dtype)
