@@ -62,6 +62,26 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, needle: str) -> Non
     assert str(p) in str(e.value) and needle in str(e.value)
 
 
+def test_paths_expand_home_and_environment_variables_and_refuse_unset_ones(tmp_path: Path, monkeypatch) -> None:
+    """`$SCANS/inbox` in a config made a folder literally named `$SCANS` beside the config file; it is
+    expanded as a shell or a systemd unit would, ~ too, and a variable that is not set is refused."""
+    monkeypatch.setenv("S31_SCANS", str(tmp_path / "scans"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("S31_NOT_SET", raising=False)
+    conf = tmp_path / "c" / "config.yaml"
+    conf.parent.mkdir()
+    conf.write_text("inbox: $S31_SCANS/in\noutbox: ${S31_SCANS}/out\narchive: ~/archive\n"
+                    "db: sqlite:///$S31_SCANS/worker.db\n")
+    cfg = load(conf)
+    assert (cfg.inbox, cfg.outbox, cfg.archive) == (tmp_path / "scans" / "in", tmp_path / "scans" / "out",
+                                                    tmp_path / "home" / "archive")
+    assert cfg.db == f"sqlite:///{tmp_path / 'scans' / 'worker.db'}"
+    conf.write_text("outbox: ${S31_NOT_SET}/out\n")
+    with pytest.raises(ConfigError, match=r"config.yaml: 'outbox' \(\$\{S31_NOT_SET\}/out\) names the environment "
+                                          r"variable \$\{S31_NOT_SET\}, which is not set"):
+        load(conf)
+
+
 def test_missing_config_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="config file not found"):
         load(tmp_path / "nope.yaml")

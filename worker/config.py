@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -231,22 +232,32 @@ def read_yaml(path: Path, what: str) -> Any:
         raise ConfigError(f"{path}: not valid YAML: {e}") from None
 
 
+# an environment variable in a path ($NAME or ${NAME}) that expansion left: it is not set
+_UNSET_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
+
+
 def _resolve(cfg: Config, base: Path) -> Config:
-    def abs_(p: Path) -> Path:
-        p = Path(os.path.expanduser(p))
-        return p if p.is_absolute() else (base / p)
+    def abs_(p: Path, key: str) -> Path:
+        """~ and environment variables expanded ($HOME/scans, as a shell or a systemd unit would), then
+        made absolute against the config file's folder; an unset variable is refused, not made a folder."""
+        text = os.path.expandvars(os.path.expanduser(str(p)))
+        if (unset := _UNSET_VARIABLE.search(text)) is not None:
+            raise ConfigError(f"{cfg.source or 'config'}: '{key}' ({p}) names the environment variable "
+                              f"{unset[0]}, which is not set")
+        expanded = Path(text)
+        return expanded if expanded.is_absolute() else (base / expanded)
 
     db = cfg.db
     if db.startswith("sqlite:///") and not db.startswith("sqlite:////") and db != "sqlite:///:memory:":
-        db = "sqlite:///" + str(abs_(Path(db[len("sqlite:///"):])))
+        db = "sqlite:///" + str(abs_(Path(db[len("sqlite:///"):]), "db"))
     exts = tuple(e.lower() if e.startswith(".") else "." + e.lower() for e in cfg.extensions)
     return dataclasses.replace(
         cfg,
-        inbox=abs_(cfg.inbox),
-        outbox=abs_(cfg.outbox),
-        archive=abs_(cfg.archive),
-        models_dir=abs_(cfg.models_dir),
-        cache_dir=abs_(cfg.cache_dir),
+        inbox=abs_(cfg.inbox, "inbox"),
+        outbox=abs_(cfg.outbox, "outbox"),
+        archive=abs_(cfg.archive, "archive"),
+        models_dir=abs_(cfg.models_dir, "models_dir"),
+        cache_dir=abs_(cfg.cache_dir, "cache_dir"),
         db=db,
         extensions=exts,
     )
