@@ -15,9 +15,11 @@ Everything else, and any JPEG libjpeg only warns about, is OpenCV's.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import struct
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Callable
 
@@ -105,11 +107,9 @@ def check_header(data: bytes, name: str, samples32: bool = False) -> tuple[int, 
     if not samples32 and (kind := tiff_32bit(data)) is not None:
         raise DecodeError(name, _not_pixels("TIFF", kind))
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as im:
-                size, mode, kind = im.size, im.mode, im.format
-                bits = getattr(im, "tag_v2", {}).get(258, 0)  # a TIFF's BitsPerSample (one, or one per sample)
+        with _opened(data) as im:
+            size, mode, kind = im.size, im.mode, im.format
+            bits = getattr(im, "tag_v2", {}).get(258, 0)  # a TIFF's BitsPerSample (one, or one per sample)
     except UnidentifiedImageError:
         return None
     except Exception as e:  # truncated headers and the like
@@ -178,10 +178,11 @@ def decode(data: bytes, name: str, max_pixels: int, depth: int = 8) -> np.ndarra
 def _decode_samples(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     """Depth 32: BGR (H, W, 3) float32 of the file's own values; refused when any is NaN or infinite (a
     measurement's "no data", which would make every output of the model NaN)."""
-    if data[:2] == b"\xff\xd8" or data[:8] == PNG_SIGNATURE or not _holds_32bit(data):
+    fields = _tiff_fields(data)
+    if data[:2] == b"\xff\xd8" or data[:8] == PNG_SIGNATURE or not (fields.get(_BITS) == 32 or _pillow_32bit(data)):
         return _decode(data, name, max_pixels, deep=True, floats=True).astype(np.float32)
     size = check_header(data, name, samples32=True)
-    if size is None and {_WIDTH, _LENGTH} <= (fields := _tiff_fields(data)).keys():  # one Pillow cannot open
+    if size is None and {_WIDTH, _LENGTH} <= fields.keys():  # a colour float TIFF, which Pillow cannot open
         size = fields[_WIDTH], fields[_LENGTH]
     if size is None:
         raise DecodeError(name, "a TIFF of 32-bit samples whose size cannot be read")
@@ -204,17 +205,23 @@ def _decode_samples(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     return img
 
 
-def _holds_32bit(data: bytes) -> bool:
-    """Whether the file holds 32-bit samples (a float or 32-bit integer TIFF, or what Pillow reads so)."""
-    if tiff_32bit(data) is not None:
-        return True
+def _pillow_32bit(data: bytes) -> bool:
+    """Whether Pillow reads the file as 32-bit samples."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as im:
-                return _is_32bit(im.mode, getattr(im, "tag_v2", {}).get(258, 0))
+        with _opened(data) as im:
+            return _is_32bit(im.mode, getattr(im, "tag_v2", {}).get(258, 0))
     except Exception:  # not an image Pillow knows: decoding says why
         return False
+
+
+@contextlib.contextmanager
+def _opened(data: bytes) -> Iterator[Image.Image]:
+    """The file as Pillow opens it (its header read, no pixels), its warnings silenced: the worker checks
+    sizes and reports problems itself."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with Image.open(io.BytesIO(data)) as im:
+            yield im
 
 
 def widen(img: np.ndarray) -> np.ndarray:
@@ -261,10 +268,8 @@ def frames(data: bytes) -> int:
     if data[:8] == PNG_SIGNATURE and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) < 0:
         return 1
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as opened:
-                return max(int(getattr(opened, "n_frames", 1)), 1)
+        with _opened(data) as im:
+            return max(int(getattr(im, "n_frames", 1)), 1)
     except Exception:  # decoding took the first frame; what follows it is no reason to fail the image
         return 1
 
@@ -275,11 +280,9 @@ _REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2
 def upright_size(data: bytes, name: str) -> tuple[int, int] | None:
     """(height, width) as displayed (EXIF orientation applied), from the header only."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as im:
-                w, h = im.size
-                rotated = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
+        with _opened(data) as im:
+            w, h = im.size
+            rotated = im.getexif().get(0x0112, 1) in (5, 6, 7, 8)
     except Exception:
         return None
     return (w, h) if rotated else (h, w)
@@ -343,13 +346,11 @@ def _decode_with_pillow(data: bytes, name: str, convert: bool = True) -> np.ndar
     """BGR (H, W, 3) uint8; with `convert` False, the first frame's own samples (H, W), as Pillow holds
     them (a float or 32-bit integer TIFF's)."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            with Image.open(io.BytesIO(data)) as opened:
-                opened.seek(0)  # multi-frame (GIF, TIFF): the first frame
-                if not convert:
-                    return np.asarray(ImageOps.exif_transpose(opened))
-                rgb = np.asarray(ImageOps.exif_transpose(opened).convert("RGB"))
+        with _opened(data) as opened:
+            opened.seek(0)  # multi-frame (GIF, TIFF): the first frame
+            if not convert:
+                return np.asarray(ImageOps.exif_transpose(opened))
+            rgb = np.asarray(ImageOps.exif_transpose(opened).convert("RGB"))
     except UnidentifiedImageError:
         raise DecodeError(name, "not an image (unknown or corrupt format)") from None
     except Exception as e:

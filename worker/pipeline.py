@@ -172,6 +172,7 @@ class Pipeline:
         self._size_hw = size
         self._channels = card.preprocess.channels
         self._depth = card.preprocess.depth
+        self._bytes_per_pixel = MAX_BYTES_PER_PIXEL * (2 if self._depth == 32 else 1)
         self._needed = lambda orig_hw: needed_size(card.preprocess, size, orig_hw)
         gpu = GpuMemory(engine.device_id) if engine.on_gpu else None  # before any thread starts
         # each decode thread (and on CUDA each inference thread) warms itself up before intake starts
@@ -363,10 +364,9 @@ class Pipeline:
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode):
                     raise ImageError(job.key, f"not a regular file ({_file_kind(st.st_mode)}): left unread")
-                per_pixel = MAX_BYTES_PER_PIXEL * (2 if self._depth == 32 else 1)
-                if self.settings.max_pixels and st.st_size > per_pixel * self.settings.max_pixels:
+                if self.settings.max_pixels and st.st_size > self._bytes_per_pixel * self.settings.max_pixels:
                     raise ImageTooLarge(job.key, f"{st.st_size} bytes is more than any image within the pixel "
-                                                 f"limit takes ({per_pixel} bytes x pipeline.max_pixels)")
+                                                 f"limit takes ({self._bytes_per_pixel} bytes x pipeline.max_pixels)")
                 item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
                 stamp = stamp_of(st)
                 if stamp is not None and not self.settings.replay and self._done_as_read(job.key, st.st_size, stamp):
