@@ -163,6 +163,41 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     assert r.invoke(cli, ["db", "downgrade", "base", "--db", scratch]).exit_code == 0
 
 
+def test_stats_says_what_slope_a_short_run_can_resolve(tmp_path: Path) -> None:
+    """A run of a few minutes fits an RSS slope of hundreds of MB/h either way from its noise alone: the
+    table says which slopes its window tells from noise (as `worker soak` judges), where that is more
+    than the soak's limit, and says nothing more of a run of hours."""
+    from datetime import datetime, timedelta, timezone
+
+    import numpy as np
+    from sqlalchemy.orm import Session
+
+    from worker.store.db import open_db
+    from worker.store.schema import MemorySample, Run
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    db = open_db(url)
+    t0 = datetime(2026, 11, 30, tzinfo=timezone.utc)
+    noise = np.random.default_rng(0).normal(0, 0.7, 2200)
+    with Session(db) as session:
+        for model, seconds, every in (("short", 180, 5), ("long", 3 * 3600, 5)):
+            run = Run(mode="watch", host="h", pid=1, root="/", model=model, model_sha256="", providers="cpu",
+                      config={}, version="0", started_at=t0, finished_at=t0 + timedelta(seconds=seconds))
+            session.add(run)
+            session.flush()
+            session.add_all(MemorySample(run_id=run.id, at=t0 + timedelta(seconds=s),
+                                         rss_bytes=int((170 + noise[i % noise.size]) * 2**20), fds=10, threads=10,
+                                         queue_depth=0, images_done=s) for i, s in enumerate(range(0, seconds, every)))
+        session.commit()
+    db.dispose()
+    out = CliRunner().invoke(cli, ["stats", "--db", url, "--warmup", "60s"])
+    assert out.exit_code == 0, out.output
+    short, long = (line for line in out.output.splitlines() if "memory: RSS" in line)
+    assert long.index("second half") > 0 and "resolve" not in long  # 1.5 h resolve about 0.7 MB/h: under 2
+    # samples at 60-175 s after warm-up, the second half 120-175 s: 1 MB of noise over 55 s resolves 65 MB/h
+    assert short.endswith("MB/h over their second half; its 55 s resolve only slopes above about 65 MB/h"), short
+
+
 def test_the_commands_that_read_the_database_close_it(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     """Each closes its connections when it ends, rather than leaving them open until the garbage
     collector finds the engine (Python 3.13 then says `ResourceWarning: unclosed database`: 212 times

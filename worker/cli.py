@@ -351,7 +351,7 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
             every = f" (1 in {m['sample_stride']} of {m['samples']})" if m["sample_stride"] > 1 else ""
             slopes = (f"slope {m['slope_mb_per_h']} MB/h over {m['steady_samples']} samples{every} after warm-up, "
                       f"{_or_dash(m['late_slope_mb_per_h'])}{_plus_minus(m.get('late_slope_se_mb_per_h'))} MB/h over "
-                      f"their second half"
+                      f"their second half{_resolution(m, cfg.soak.max_rss_slope_mb_per_h)}"
                       if not math.isnan(m["slope_mb_per_h"]) else
                       f"too few samples after the {warm:g} s warm-up for a slope (--warmup)")
             click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), {slopes}")
@@ -459,6 +459,23 @@ def _or_dash(value: Any, spec: str = "") -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return format(value, spec)
+
+
+def _resolution(memory: dict[str, Any], limit: float) -> str:
+    """'; its 20 s resolve only slopes above about 180 MB/h' where a run's second half after warm-up was
+    too short (or RSS wandered too much) to tell a slope of `limit` from noise, as `worker soak` judges it;
+    nothing where it was long enough. A 75-second run's -1390 MB/h is not a trend."""
+    from worker.metrics import resolvable_slope
+
+    if math.isnan(memory.get("late_slope_mb_per_h", math.nan)):
+        return ""
+    resolved, _, _ = resolvable_slope(memory)
+    if resolved <= limit:
+        return ""
+    span = memory.get("late_span_s", 0.0)
+    window = f"{span / 60:.0f} min" if span >= 60 else f"{span:.0f} s"
+    return f"; its {window} resolve only slopes above about {resolved:.0f} MB/h" if math.isfinite(resolved) \
+        else "; too short to resolve a slope"
 
 
 def _plus_minus(se: Any) -> str:

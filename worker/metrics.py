@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable, Sequence
 
@@ -78,6 +79,26 @@ def slope_se_per_hour(seconds: Sequence[float], values: Sequence[float], blocks:
         return float("nan")
     residuals = yb - np.polyval(np.polyfit(tb, yb, 1), tb)
     return float(np.sqrt((residuals ** 2).sum() / (blocks - 2) / spread))
+
+
+# RSS moves by about this much from sample to sample with no trend (the buffers in flight at that
+# moment; seen here: a standard deviation of 0.7-1.3 MB over 7-minute windows of a flat soak): a
+# slope over a window of T hours is resolved only above RSS_NOISE_MB / T. A run whose RSS wanders more
+# (session 29: +-4 MB over minutes at 200 images/s) resolves only what its own wandering allows:
+# twice the slope's standard error (slope_se_per_hour above), when that is more
+RSS_NOISE_MB = 1.0
+
+
+def resolvable_slope(mem: dict[str, Any]) -> tuple[float, str, bool]:
+    """(MB/h, why, wandered): the smallest RSS slope that a run's second half after warm-up tells from
+    noise (`run_stats(...)["memory"]`): RSS_NOISE_MB over its span, or twice the slope's standard error
+    where RSS wandered more than that (wandered True); inf for a window of no length."""
+    span_h = mem.get("late_span_s", 0.0) / 3600
+    se = mem.get("late_slope_se_mb_per_h", float("nan"))
+    resolved = RSS_NOISE_MB / span_h if span_h > 0 else math.inf
+    if math.isfinite(se) and 2 * se > resolved:
+        return 2 * se, f"twice the slope's standard error, {se:.2f} MB/h, from how far RSS wandered", True
+    return resolved, f"RSS noise about {RSS_NOISE_MB:.0f} MB", False
 
 
 def _glibc() -> Any:

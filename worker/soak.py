@@ -13,7 +13,7 @@ from worker.config import Config
 from worker.errors import ConfigError
 from worker.intake.scan import walk
 from worker.jobs import Job, JobStatus
-from worker.metrics import percentiles
+from worker.metrics import RSS_NOISE_MB, percentiles, resolvable_slope
 from worker.service import open_pipeline
 from worker.store.db import database
 from worker.store.queries import run_stats
@@ -48,14 +48,6 @@ class SoakVerdict:
         return "FAIL" if self.failures else "INCONCLUSIVE" if self.inconclusive else "PASS"
 
 
-# RSS moves by about this much from sample to sample with no trend (the buffers in flight at that
-# moment; seen here: a standard deviation of 0.7-1.3 MB over 7-minute windows of a flat soak): a
-# slope over a window of T hours is resolved only above RSS_NOISE_MB / T. A run whose RSS wanders more
-# (session 29: +-4 MB over minutes at 200 images/s) resolves only what its own wandering allows:
-# twice the slope's standard error (worker.metrics.slope_se_per_hour), when that is more
-RSS_NOISE_MB = 1.0
-
-
 def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[list[str], list[str], list[str]]:
     """(failures, inconclusive, notes) for a run's memory trend (`run_stats(...)["memory"]`).
 
@@ -67,15 +59,11 @@ def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[li
     notes: list[str] = []
     late = mem.get("late_slope_mb_per_h", float("nan"))
     span_h = mem.get("late_span_s", 0.0) / 3600
-    se = mem.get("late_slope_se_mb_per_h", float("nan"))
-    # the slope this window tells from noise, and why
-    resolved = RSS_NOISE_MB / span_h if span_h > 0 else math.inf
-    why = f"RSS noise about {RSS_NOISE_MB:.0f} MB"
+    resolved, why, wandered = resolvable_slope(mem)
     longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
               if limit > 0 else "no soak resolves a limit of 0 MB/h")
-    if math.isfinite(se) and 2 * se > resolved:  # RSS wandered more than that noise allows for
-        resolved, why = 2 * se, f"twice the slope's standard error, {se:.2f} MB/h, from how far RSS wandered"
-        longer = f"a longer soak to judge {limit} MB/h" if limit > 0 else longer
+    if wandered and limit > 0:
+        longer = f"a longer soak to judge {limit} MB/h"
     beyond = f"slopes above about {resolved:.0f} MB/h ({why}): {longer}"
     if math.isnan(late):  # a run stopped, or set, shorter than its warm-up: no trend either way
         inconclusive.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend "
