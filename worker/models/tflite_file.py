@@ -201,36 +201,45 @@ def _densify(values: np.ndarray, shape: tuple[int, ...], sparsity: Table, name: 
     if blocks or sorted(order) != list(range(len(shape))) or len(dims) != len(shape):
         raise ValueError(f"tensor {name} is stored block-sparse (TFLite's sparsity format with a block map), "
                          f"which this reader does not expand")
-    dense = np.zeros(shape, dtype=values.dtype)
-    flat = values.reshape(-1)
-    index = [0] * len(shape)
-    taken = 0
-
-    def walk(level: int, position: int) -> None:
-        nonlocal taken
-        if level == len(order):
-            dense[tuple(index)] = flat[taken]
-            taken += 1
-            return
+    # level by level, every walk at once: each position's children stay together and in order, so the
+    # walks come out in the order the values are stored (what a depth-first walk would visit)
+    positions = np.zeros(1, dtype=np.int64)
+    coords: list[np.ndarray] = []  # per level so far: each walk's index along that level's axis
+    for level, axis in enumerate(order):
         # DimensionMetadata: 0 format (0 dense, 1 CSR), 1 dense_size, 3 array_segments, 5 array_indices
         # (the last two Int32Vector, Uint16Vector or Uint8Vector tables: 0 values)
-        meta, axis = dims[level], order[level]
+        meta = dims[level]
         if meta.scalar(0, "b") == 0:
             size = meta.scalar(1, "i")
-            for i in range(size):
-                index[axis] = i
-                walk(level + 1, position * size + i)
-            return
-        kinds = {1: "i", 2: "H", 3: "B"}
-        segments = meta.table(3).vector(0, kinds[meta.scalar(2, "B")])  # type: ignore[union-attr]
-        indices = meta.table(5).vector(0, kinds[meta.scalar(4, "B")])  # type: ignore[union-attr]
-        for i in range(segments[position], segments[position + 1]):
-            index[axis] = indices[i]
-            walk(level + 1, i)
-
-    walk(0, 0)
-    if taken != flat.size:
-        raise ValueError(f"tensor {name}: its sparse index covers {taken} values, its buffer holds {flat.size}")
+            counts = np.full(positions.size, size, dtype=np.int64)
+            children = (positions[:, None] * size + np.arange(size)).reshape(-1)
+            along = np.tile(np.arange(size), positions.size)
+        else:
+            kinds = {1: "i", 2: "H", 3: "B"}
+            seg_table, idx_table = meta.table(3), meta.table(5)
+            if seg_table is None or idx_table is None:
+                raise ValueError(f"tensor {name}: a compressed dimension without its sparse index")
+            segments = np.asarray(seg_table.vector(0, kinds[meta.scalar(2, "B")]), dtype=np.int64)
+            indices = np.asarray(idx_table.vector(0, kinds[meta.scalar(4, "B")]), dtype=np.int64)
+            if positions.size and positions.max() + 1 >= segments.size:
+                raise ValueError(f"tensor {name}: its sparse index is shorter than its dimensions need")
+            starts, counts = segments[positions], segments[positions + 1] - segments[positions]
+            first = np.repeat(np.cumsum(counts) - counts, counts)  # where each parent's children begin
+            children = np.arange(int(counts.sum()), dtype=np.int64) - first + np.repeat(starts, counts)
+            if children.size and (children.max() >= indices.size or indices[children].max() >= shape[axis]):
+                raise ValueError(f"tensor {name}: its sparse index points outside the tensor")
+            along = indices[children]
+        coords = [np.repeat(c, counts) for c in coords] + [along]
+        positions = children
+    flat = values.reshape(-1)
+    if positions.size != flat.size:
+        raise ValueError(f"tensor {name}: its sparse index covers {positions.size} values, "
+                         f"its buffer holds {flat.size}")
+    dense = np.zeros(shape, dtype=values.dtype)
+    by_axis = [np.empty(0, dtype=np.int64)] * len(shape)
+    for level, axis in enumerate(order):
+        by_axis[axis] = coords[level]
+    dense[tuple(by_axis)] = flat
     return dense
 
 
