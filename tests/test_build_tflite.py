@@ -140,9 +140,11 @@ def test_operator_names_are_the_schemas() -> None:
 # -- small graphs written here ----------------------------------------------------------------------
 
 def _tiny(tensors: list[tuple[str, tuple[int, ...], np.ndarray | None]],
-          ops: list[tuple[int, int, object, list[int], list[int]]], inputs: list[int], outputs: list[int]) -> bytes:
+          ops: list[tuple[int, int, object, list[int], list[int]]], inputs: list[int], outputs: list[int],
+          sparsity: dict[int, object] | None = None) -> bytes:
     """A .tflite file: tensors (name, shape, constant data or None; float32 unless the data is int32),
-    operators (builtin code, BuiltinOptions type, options object, input and output tensor indices)."""
+    operators (builtin code, BuiltinOptions type, options object, input and output tensor indices);
+    `sparsity` gives a tensor (by index) its SparsityParametersT, its data then the values kept."""
     model = schema.ModelT()
     model.version = 3
     model.buffers = [schema.BufferT()]  # buffer 0: the empty one activations point at
@@ -160,6 +162,7 @@ def _tiny(tensors: list[tuple[str, tuple[int, ...], np.ndarray | None]],
                                                              else np.float32).tobytes(), np.uint8)
             model.buffers.append(buffer)
             t.buffer = len(model.buffers) - 1
+        t.sparsity = (sparsity or {}).get(len(graph.tensors))
         graph.tensors.append(t)
     codes = sorted({code for code, *_ in ops})
     model.operatorCodes = []
@@ -229,6 +232,67 @@ def test_a_strided_slice_with_masks_a_step_and_a_reversed_axis(tmp_path: Path) -
     x = np.random.default_rng(4).normal(size=(1, 5, 6, 4)).astype(np.float32)
     _both_ways(tmp_path, data, x)
     assert np.array_equal(_onnx(tmp_path / "tiny.onnx", x)["y"], x[:, 1:5:2, 0:-1, 3::-1])
+
+
+def _csr_levels(dense: np.ndarray, order: list[int], compressed: set[int]) -> tuple[object, np.ndarray]:
+    """TFLite's sparsity for `dense` walked in `order`, the levels in `compressed` CSR (kept: the indices
+    under which anything is non-zero), the others dense; and the values kept, in walk order."""
+    walked = dense.transpose(order)
+    levels: list[dict[str, list[int]]] = [{"segments": [0], "indices": []} for _ in order]
+    values: list[float] = []
+
+    def walk(level: int, prefix: tuple[int, ...]) -> None:
+        if level == len(order):
+            values.append(float(walked[prefix]))
+            return
+        for i in range(walked.shape[level]):
+            if level in compressed and not walked[prefix + (i,)].any():
+                continue
+            if level in compressed:
+                levels[level]["indices"].append(i)
+            walk(level + 1, prefix + (i,))
+        if level in compressed:
+            levels[level]["segments"].append(len(levels[level]["indices"]))
+
+    walk(0, ())
+    params = schema.SparsityParametersT()
+    params.traversalOrder, params.blockMap, params.dimMetadata = order, [], []
+    for level, axis in enumerate(order):
+        meta = schema.DimensionMetadataT()
+        if level in compressed:
+            meta.format = schema.DimensionType.SPARSE_CSR
+            meta.arraySegmentsType = meta.arrayIndicesType = schema.SparseIndexVector.Int32Vector
+            meta.arraySegments, meta.arrayIndices = schema.Int32VectorT(), schema.Int32VectorT()
+            meta.arraySegments.values, meta.arrayIndices.values = levels[level]["segments"], levels[level]["indices"]
+        else:
+            meta.format, meta.denseSize = schema.DimensionType.DENSE, dense.shape[axis]
+        params.dimMetadata.append(meta)
+    return params, np.array(values, np.float32)
+
+
+def test_sparse_weights_in_any_traversal_order_are_made_dense_as_litert_does(tmp_path: Path) -> None:
+    """A constant of shape (1, 3, 4, 5), two thirds zeros, stored walked in the order (0, 1, 3, 2) with the
+    last two levels compressed (CSR within CSR), made dense by DENSIFY and added to the input: the same
+    sums both ways; an index pointing past its axis is refused naming the tensor."""
+    rng = np.random.default_rng(11)
+    dense = rng.normal(size=(1, 3, 4, 5)).astype(np.float32) * (rng.random((1, 3, 4, 5)) < 0.33)
+    dense[0, 1] = 0  # a whole slice empty: a position with no children at the first compressed level
+    params, values = _csr_levels(dense, [0, 1, 3, 2], {2, 3})
+
+    def graph() -> bytes:
+        return _tiny([("x", (1, 3, 4, 5), None), ("w_sparse", (1, 3, 4, 5), values), ("w", (1, 3, 4, 5), None),
+                      ("y", (1, 3, 4, 5), None)],
+                     [(Op.DENSIFY, schema.BuiltinOptions.DensifyOptions, schema.DensifyOptionsT(), [1], [2]),
+                      (Op.ADD, schema.BuiltinOptions.AddOptions, schema.AddOptionsT(), [0, 2], [3])],
+                     [0], [3], sparsity={1: params})
+
+    x = rng.normal(size=(1, 3, 4, 5)).astype(np.float32)
+    _both_ways(tmp_path, graph(), x)
+    assert np.allclose(_onnx(tmp_path / "tiny.onnx", x)["y"], x + dense)
+    params.dimMetadata[3].arrayIndices.values[0] = 4  # axis 2 has 4 entries: 0-3
+    (tmp_path / "tiny.tflite").write_bytes(graph())
+    with pytest.raises(ModelError, match="tensor w_sparse: its sparse index points outside the tensor"):
+        build({"model": tmp_path / "tiny.tflite"}, tmp_path / "bad.onnx")
 
 
 def test_softmax_and_tanh_concatenated_then_relu6_and_padded(tmp_path: Path) -> None:
