@@ -62,6 +62,19 @@ def test_errors_name_file_and_key(tmp_path: Path, text: str, needle: str) -> Non
     assert str(p) in str(e.value) and needle in str(e.value)
 
 
+def test_a_number_in_exponent_form_is_the_number_it_says(tmp_path: Path) -> None:
+    """PyYAML (YAML 1.1) reads 5e-1 and 2e3 as strings: `max_delay_ms: 5e-1` was refused as "must be a
+    non-negative number, got '5e-1'". Such a string is the number; a word or a negative one is still refused."""
+    p = tmp_path / "c.yaml"
+    p.write_text("pipeline:\n  max_delay_ms: 5e-1\nwatch:\n  settle_s: 2E0\n  rescan_interval_s: 3e+1\n")
+    cfg = load(p)
+    assert (cfg.pipeline.max_delay_ms, cfg.watch.settle_s, cfg.watch.rescan_interval_s) == (0.5, 2.0, 30.0)
+    for bad in ("-5e-1", "5e", "e5", "fast"):
+        p.write_text(f"pipeline:\n  max_delay_ms: {bad}\n")
+        with pytest.raises(ConfigError, match="'pipeline.max_delay_ms' must be a non-negative number"):
+            load(p)
+
+
 def test_paths_expand_home_and_environment_variables_and_refuse_unset_ones(tmp_path: Path, monkeypatch) -> None:
     """`$SCANS/inbox` in a config made a folder literally named `$SCANS` beside the config file; it is
     expanded as a shell or a systemd unit would, ~ too, and a variable that is not set is refused."""

@@ -233,6 +233,8 @@ def read_yaml(path: Path, what: str) -> Any:
 
 
 # an environment variable in a path ($NAME or ${NAME}) that expansion left: it is not set
+# a number in exponent form without a dot, which YAML 1.1 reads as a string (YAML 1.2 and JSON as a number)
+_EXPONENT_ONLY = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
 _UNSET_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
 
 
@@ -316,6 +318,8 @@ def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
             raise ConfigError(f"{file}: '{key}' must be a non-negative integer, got {value!r}")
         return value
     if tp is float:  # YAML's .nan and .inf are floats too: a settle time of .inf never settles
+        if isinstance(value, str) and _EXPONENT_ONLY.fullmatch(value.strip()):
+            value = float(value)  # 1e3 or 5e-1, which YAML 1.1 (PyYAML) reads as a string: the number meant
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
             raise ConfigError(f"{file}: '{key}' must be a non-negative number, got {value!r}")
         return float(value)
