@@ -84,6 +84,8 @@ class PipelineConfig:
     max_pixels: int = 80_000_000  # refuse larger images before decoding them (decompression bombs)
     max_attempts: int = field(default=3, metadata=_POSITIVE)  # failed this many times: quarantined as failed
     jpeg_reduce: bool = False  # opt-in: decode big JPEGs at 1/2, 1/4, 1/8 scale (faster, results change slightly)
+    # a multi-page file (TIFF pages, GIF/WebP/PNG frames): its first page only, or every page, one document
+    pages: Literal["first", "all"] = "first"
 
 
 @dataclass(frozen=True)

@@ -41,21 +41,36 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     annotations: list[dict[str, Any]] = []
     seen: dict[int, str] = {}  # class id -> name, as the results name it
     multi_class = False
+    # a multi-page file's pages (pipeline.pages: all) are images of their own: its first keeps the row's
+    # id, the others get ids past every row's, and each says its page
+    next_id = max((r["id"] for r in rows), default=0) + 1
+    parts: list[tuple[int, dict[str, Any], str | None, dict[str, Any]]] = []  # id, result, mask, COCO image
     for r in rows:
         doc = payloads.get(r["id"], {})
-        w, h = _size(doc)
-        images.append({"id": r["id"], "file_name": r["rel_path"], "width": w, "height": h})
+        if not isinstance(doc.get("pages"), list):
+            w, h = _size(doc)
+            parts.append((r["id"], doc, r["mask_path"], {"id": r["id"], "file_name": r["rel_path"], "width": w,
+                                                         "height": h}))
+            continue
+        for page in doc["pages"]:
+            image_id = r["id"] if page["page"] == 1 else next_id
+            next_id += image_id != r["id"]
+            w, h = _size(page)
+            parts.append((image_id, page, page.get("mask"), {"id": image_id, "file_name": r["rel_path"],
+                                                              "page": page["page"], "width": w, "height": h}))
+    for image_id, doc, mask_path, image in parts:
+        images.append(image)
         if task == "detect":
             for box in doc.get("boxes", []):
                 x1, y1, x2, y2 = box["xyxy"]
                 seen[box["class_id"]] = box["name"]
-                annotations.append({"id": len(annotations) + 1, "image_id": r["id"], "category_id": box["class_id"],
+                annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": box["class_id"],
                                     "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)],
                                     "area": round((x2 - x1) * (y2 - y1), 2), "score": box["score"], "iscrowd": 0})
             continue
         multi_class = multi_class or "classes" in doc
         scores = {c["class_id"]: c["score"] for c in doc.get("classes", [])}
-        mask = _read_mask(outbox, r["mask_path"]) if outbox is not None and r["mask_path"] else None
+        mask = _read_mask(outbox, mask_path) if outbox is not None and mask_path else None
         found = doc.get("regions")
         if found is None and mask is not None and "classes" not in doc:  # recorded before regions were
             found = region_dicts(regions((mask > 0).view(np.uint8)))
@@ -65,7 +80,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
             cid, name = region.get("class_id", 0), region.get("name", doc.get("label", "0"))
             seen[cid] = name
             x1, y1, x2, y2 = region["xyxy"]
-            ann = {"id": len(annotations) + 1, "image_id": r["id"], "category_id": cid,
+            ann = {"id": len(annotations) + 1, "image_id": image_id, "category_id": cid,
                    "bbox": [x1, y1, x2 - x1, y2 - y1], "area": region["pixels"],
                    "score": scores.get(cid, doc.get("score", 0.0)), "iscrowd": 0}
             if i in shapes:

@@ -191,6 +191,12 @@ def _decode_samples(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
     if img is None:
         img = _decode_with_pillow(data, name, convert=False)
+    return _as_samples(img, name)
+
+
+def _as_samples(img: np.ndarray, name: str) -> np.ndarray:
+    """A decoded page of 32-bit samples, (H, W), (H, W, 3) or (H, W, 4), as BGR (H, W, 3) float32; refused
+    when any is NaN or infinite."""
     if img.ndim == 2:
         img = np.repeat(img[:, :, None], 3, axis=2)
     elif img.ndim == 3 and img.shape[2] == 4:
@@ -272,6 +278,44 @@ def frames(data: bytes) -> int:
             return max(int(getattr(im, "n_frames", 1)), 1)
     except Exception:  # decoding took the first frame; what follows it is no reason to fail the image
         return 1
+
+
+def decode_page(data: bytes, name: str, page: int, max_pixels: int, depth: int = 8) -> np.ndarray:
+    """Page `page` of a multi-page file (0 is the first, which `decode` gives): a TIFF's page as OpenCV
+    decodes it (at the card's depth, as the first), a GIF's, WebP's or PNG's frame as Pillow composes it.
+    The page's own size is held to the pixel limit before it is decoded; a page of 32-bit samples is
+    refused unless `depth` is 32, as a first page is. Raises DecodeError or ImageTooLarge, whose reason
+    does not say which page (the caller does)."""
+    try:
+        with _opened(data) as im:
+            im.seek(page)
+            (w, h), kind = im.size, im.format
+            bits = getattr(im, "tag_v2", {}).get(258, 0)
+            if depth != 32 and _is_32bit(im.mode, bits):
+                raise DecodeError(name, _not_pixels(kind or "file", "float" if im.mode == "F" else "integer"))
+            _check_pixels(w, h, name, max_pixels)
+            frame = None if kind == "TIFF" else np.asarray(im.convert("RGB"))[:, :, ::-1]
+    except (DecodeError, ImageTooLarge):
+        raise
+    except EOFError:
+        raise DecodeError(name, "not in the file") from None
+    except Exception as e:
+        raise DecodeError(name, f"cannot decode ({type(e).__name__}: {e})") from None
+    if frame is not None:
+        img = np.ascontiguousarray(frame)
+    else:
+        flags = cv2.IMREAD_UNCHANGED if depth == 32 else cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if depth == 16 else 0)
+        ok, mats = cv2.imdecodemulti(np.frombuffer(data, dtype=np.uint8), flags, None, (page, page + 1))
+        if not ok or not mats:
+            raise DecodeError(name, "cannot decode (OpenCV read no image there)")
+        img = mats[0]
+        if depth == 32:
+            return _as_samples(img, name)
+    if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
+        raise DecodeError(name, f"unexpected decoded shape {img.shape}")
+    if depth == 32:
+        return img.astype(np.float32)
+    return widen(img) if depth == 16 and img.dtype == np.uint8 else img
 
 
 _REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}

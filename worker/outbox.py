@@ -6,6 +6,7 @@ so a reader (or a crash) never sees half a file. Paths are checked to stay insid
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import json
@@ -18,7 +19,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import cv2
 import numpy as np
@@ -106,6 +107,7 @@ def write_atomic(path: Path, data: bytes) -> None:
 # what an image's outcome leaves in the outbox: its results, or the reason it failed
 RESULT_SUFFIXES = (".json", ".mask.png", ".txt", ".overlay.jpg")
 ERROR_SUFFIX = ".error.json"
+PAGES_SUFFIX = ".pages"  # a multi-page file's folder of its later pages' outputs (pipeline.pages: all)
 _LONGEST_SUFFIX = max(len(s) for s in (*RESULT_SUFFIXES, ERROR_SUFFIX))
 
 
@@ -120,16 +122,21 @@ def output_rel(rel: str) -> str:
 class Outbox:
     """Writes <outbox>/<rel>.json and, as configured, .mask.png, .txt (YOLO) and .overlay.jpg; or, for a
     failed image, <rel>.error.json (with a name too long for that cut short: output_rel). The outbox
-    holds each name's latest outcome: results or an error."""
+    holds each name's latest outcome: results or an error.
+
+    With `pages` (pipeline.pages: all), a multi-page file's first page has those outputs, its page k
+    (from 2) them in <rel>.pages/<k>.mask.png (.txt, .overlay.jpg), and its one JSON lists every page;
+    whatever an earlier content under the name left there beyond the new page count is removed."""
 
     def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True, write_yolo_txt: bool = False,
-                 write_overlays: bool = False, write_errors: bool = True) -> None:
+                 write_overlays: bool = False, write_errors: bool = True, pages: bool = False) -> None:
         self.root = root
         self.write_json = write_json
         self.write_masks = write_masks
         self.write_yolo_txt = write_yolo_txt
         self.write_overlays = write_overlays
         self.write_errors = write_errors
+        self.pages = pages
         root.mkdir(parents=True, exist_ok=True)
 
     def _inside(self, rel: str) -> Path:
@@ -142,12 +149,23 @@ class Outbox:
 
         `image` (uint8 BGR) is needed only for overlays. Raises OutboxFull when the filesystem has
         no room (the outputs already written are complete files, overwritten on the retry)."""
-        try:
-            return self._write(rel, result, document, image)
-        except OSError as e:
-            if e.errno in FULL:
-                raise OutboxFull(f"{self.root}: {e.strerror}") from e
-            raise
+        with _full_as_outbox_full(self.root):
+            out = output_rel(rel)
+            mask_rel = self._page_outputs(out, 0, result, image)
+            if mask_rel is not None:
+                document = {**document, "mask": mask_rel}
+            return self._document(out, document, 1), mask_rel
+
+    def write_page(self, rel: str, page: int, result: Result, image: np.ndarray | None = None) -> str | None:
+        """Write the outputs of page `page` (0 the first) of a multi-page file but its JSON (write_document);
+        returns its mask's path relative to the outbox, as text, or None. Raises OutboxFull as write does."""
+        with _full_as_outbox_full(self.root):
+            return self._page_outputs(output_rel(rel), page, result, image)
+
+    def write_document(self, rel: str, document: dict[str, Any], pages: int) -> str | None:
+        """Write a multi-page file's JSON once its pages' outputs are written; returns its path as text."""
+        with _full_as_outbox_full(self.root):
+            return self._document(output_rel(rel), document, pages)
 
     def write_error(self, rel: str, document: dict[str, Any]) -> str | None:
         """Write <rel>.error.json (the reason an image failed) and remove the results an earlier content
@@ -160,6 +178,8 @@ class Outbox:
         write_atomic(self._inside(error_rel), json.dumps(document, ensure_ascii=False).encode())
         for suffix in RESULT_SUFFIXES:
             self._inside(out + suffix).unlink(missing_ok=True)
+        if self.pages:
+            self._drop_pages(out, 0)
         return error_rel
 
     def has_room(self, nbytes: int = ROOM_PROBE_BYTES) -> bool:
@@ -174,28 +194,58 @@ class Outbox:
         finally:
             probe.unlink(missing_ok=True)
 
-    def _write(self, rel: str, result: Result, document: dict[str, Any],
-               image: np.ndarray | None) -> tuple[str | None, str | None]:
-        rel = output_rel(rel)
+    def _page_outputs(self, out: str, page: int, result: Result, image: np.ndarray | None) -> str | None:
+        """A page's .txt, .overlay.jpg and .mask.png, as configured; its mask's path as text, or None."""
+        rel = out if page == 0 else f"{out}{PAGES_SUFFIX}/{page + 1}"
         if isinstance(result, Detections) and self.write_yolo_txt:
             write_atomic(self._inside(rel + ".txt"), yolo_txt(result).encode())
         if self.write_overlays and image is not None:
             ok, jpg = cv2.imencode(".jpg", overlay(image, result), [cv2.IMWRITE_JPEG_QUALITY, 90])
             if ok:
                 write_atomic(self._inside(rel + ".overlay.jpg"), jpg.tobytes())
-        mask_rel = None
-        if isinstance(result, (Mask, ClassMask)) and self.write_masks:
-            mask_rel = rel + ".mask.png"
-            png = encode_mask_png(result.mask) if isinstance(result, Mask) else encode_class_png(result.classes)
-            write_atomic(self._inside(mask_rel), png)
-            document = {**document, "mask": as_text(mask_rel)}
+        if not (isinstance(result, (Mask, ClassMask)) and self.write_masks):
+            return None
+        png = encode_mask_png(result.mask) if isinstance(result, Mask) else encode_class_png(result.classes)
+        write_atomic(self._inside(rel + ".mask.png"), png)
+        return as_text(rel + ".mask.png")
+
+    def _document(self, out: str, document: dict[str, Any], pages: int) -> str | None:
         json_rel = None
         if self.write_json:
-            json_rel = rel + ".json"
+            json_rel = out + ".json"
             write_atomic(self._inside(json_rel), json.dumps(document, ensure_ascii=False).encode())
         if self.write_errors:  # an earlier failure of this name (retried, or dropped again) is over
-            self._inside(rel + ERROR_SUFFIX).unlink(missing_ok=True)
-        return (None if json_rel is None else as_text(json_rel)), (None if mask_rel is None else as_text(mask_rel))
+            self._inside(out + ERROR_SUFFIX).unlink(missing_ok=True)
+        if self.pages:
+            self._drop_pages(out, pages)
+        return None if json_rel is None else as_text(json_rel)
+
+    def _drop_pages(self, out: str, keep: int) -> None:
+        """Remove what an earlier content under this name left in <out>.pages/ for its pages past `keep`."""
+        folder = self._inside(out + PAGES_SUFFIX)
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        for entry in entries:
+            number = entry.name.split(".", 1)[0]
+            if not number.isdigit() or int(number) > keep:
+                if entry.is_file(follow_symlinks=False) or entry.is_symlink():
+                    os.unlink(entry.path)
+        if keep <= 1:
+            with contextlib.suppress(OSError):  # not empty: something of someone else's is in it
+                folder.rmdir()
+
+
+@contextlib.contextmanager
+def _full_as_outbox_full(root: Path) -> Iterator[None]:
+    """An OSError for lack of room (disk full, quota) as OutboxFull: no fault of the image's."""
+    try:
+        yield
+    except OSError as e:
+        if e.errno in FULL:
+            raise OutboxFull(f"{root}: {e.strerror}") from e
+        raise
 
 
 def remove_temporaries(root: Path) -> int:

@@ -36,13 +36,13 @@ from worker.batcher import Batcher
 from worker.engine import Engine
 from worker.errors import ImageError, ImageTooLarge, InputGone, OutboxFull, WorkerError
 from worker.gpu import GpuMemory
-from worker.images import decode, decode_reduced, frames
+from worker.images import decode, decode_page, decode_reduced, frames
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
-from worker.models.card import ModelCard, accepted_digests
+from worker.models.card import ModelCard, accepted_digests, with_all_pages
 from worker.names import on_disk
 from worker.outbox import Outbox, move_verified
-from worker.results import labels_of, top_score
+from worker.results import Result, labels_of, top_score
 from worker.store.ledger import Known, Ledger, stamp_of
 from worker.store.recorder import Claimed, Commit, Finished, Recorder, Restamped
 from worker.tasks import TaskAdapter
@@ -89,6 +89,7 @@ class Settings:
     keep_image: bool = False  # carry the decoded image to the finish stage (overlays need it)
     replay: bool = False  # soak: process images again even when the ledger says done
     jpeg_reduce: bool = False  # decode big JPEGs at a reduced scale (never with keep_image)
+    all_pages: bool = False  # every page of a multi-page file (pipeline.pages: all), not only its first
 
 
 @dataclass
@@ -125,7 +126,31 @@ class _Item:
     taken: bool = False  # in another live worker's hands (its claim came first): left to it
     timings: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
-    pages: int = 1  # pages or frames in the file (a multi-page TIFF, an animated GIF): the first is processed
+    pages: int = 1  # pages or frames in the file (a multi-page TIFF, an animated GIF)
+    page: int = 0  # which of them this item is (0: the first; with all_pages the others follow it as items)
+    book: "_Book | None" = None  # with all_pages, a multi-page file's: shared by its pages' items
+
+
+@dataclass
+class _Book:
+    """A multi-page file's pages on their way to its one outcome (pipeline.pages: all). The prepare thread
+    sends every page after the first as an item of its own; the finish thread postprocesses and writes
+    each as it comes, in any order, and records the file once all have come (or, after a page failed,
+    those before it: the rest are not sent)."""
+
+    pages: int
+    data: bytes | None  # the file's bytes, until every page is decoded
+    expected: int  # items the finish thread waits for: `pages`, fewer once a page has failed
+    arrived: int = 0
+    first: _Item | None = None  # page 0's item: the job, its claim, its first page's result
+    first_result: Result | None = None
+    entries: dict[int, dict[str, Any]] = field(default_factory=dict)  # page -> its part of the JSON
+    labels: dict[int, tuple[int, str, float]] = field(default_factory=dict)  # class id -> best of any page
+    score: float = 0.0  # the best page's
+    timings: dict[str, float] = field(default_factory=dict)  # summed over the pages after the first
+    error: str | None = None  # why the first page that failed did (the lowest page number)
+    error_page: int = 0
+    full: OutboxFull | None = None  # a page's outputs found no room: the whole file waits for room
 
 
 class Pipeline:
@@ -147,7 +172,9 @@ class Pipeline:
         self._inferred: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._to_archive: queue.Queue[Any] = queue.Queue(settings.queue_size)
         self._ledger = Ledger(db, card.name, recorder.root)
-        self._card_digests = accepted_digests(card)  # a run recorded under one of these: the same settings
+        # a run recorded under one of these: the same settings
+        self._card_digests = frozenset(with_all_pages(d) for d in accepted_digests(card)) if settings.all_pages \
+            else accepted_digests(card)
         # rel -> (size, mtime_ns) of the inputs archived lately: a job queued for content that an
         # earlier job of the same path read and archived finds the file gone, and is not a failure
         self._archived: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -332,6 +359,8 @@ class Pipeline:
             if ahead:
                 if (item := self._guarded(ahead.popleft(), self._decode)) is not None:
                     self._prepared.put(item)
+                    if item.book is not None:
+                        self._send_pages(item)
 
     def _guarded(self, item: _Item, step: Callable[[_Item], bool]) -> _Item | None:
         """Run one step; an item that fails or needs no more work goes straight to finish (returns None)."""
@@ -432,7 +461,10 @@ class Pipeline:
             orig_hw = (image.shape[0], image.shape[1])
         if (pages := frames(data)) > 1:
             item.pages = pages
-            log.warning("%s: %d pages (or frames); only the first is processed", job.key, pages)
+            if self.settings.all_pages:
+                item.book = _Book(pages=pages, data=data, expected=pages)
+            else:
+                log.warning("%s: %d pages (or frames); only the first is processed", job.key, pages)
         t1 = time.perf_counter()
         item.tensor, item.geometry = self.adapter.preprocess(image)
         if orig_hw != image.shape[:2]:
@@ -442,6 +474,32 @@ class Pipeline:
         t2 = time.perf_counter()
         item.timings.update(decode_ms=(t1 - t0) * 1000, preprocess_ms=(t2 - t1) * 1000)
         return True
+
+    def _send_pages(self, first: _Item) -> None:
+        """Decode and preprocess a multi-page file's other pages one by one, each into the queue after its
+        first (a full queue holds this thread: a file of a thousand pages is never all in memory). After a
+        page that fails, the rest are not sent: the file fails naming that page."""
+        book = first.book
+        assert book is not None and book.data is not None
+        for page in range(1, book.pages):
+            part = _Item(first.job, sha256=first.sha256, size=first.size, pages=book.pages, page=page, book=book)
+            t0 = time.perf_counter()
+            try:
+                image = decode_page(book.data, first.job.key, page, self.settings.max_pixels, self._depth)
+                t1 = time.perf_counter()
+                part.tensor, part.geometry = self.adapter.preprocess(image)
+                if self.settings.keep_image:
+                    part.image = image
+                part.timings.update(decode_ms=(t1 - t0) * 1000, preprocess_ms=(time.perf_counter() - t1) * 1000)
+            except Exception as e:
+                if not isinstance(e, ImageError):
+                    log.exception("prepare %s, page %d", first.job.key, page + 1)
+                part.error = e.reason if isinstance(e, ImageError) else f"{type(e).__name__}: {e}"
+                book.expected = page + 1  # before the item is queued: the finish thread counts up to it
+                self._inferred.put(part)
+                break
+            self._prepared.put(part)
+        book.data = None
 
     # -- stage 2: micro-batch and run the one shared session --------------------------------
     def _infer_loop(self) -> None:
@@ -483,6 +541,8 @@ class Pipeline:
     # -- stage 3: postprocess, write, record ------------------------------------------------
     def _finish_loop(self) -> None:
         while (item := self._inferred.get()) is not _STOP:
+            if item.book is not None and (item := self._bind(item)) is None:
+                continue  # a page of a file whose other pages are still on their way
             if item.taken:  # nothing recorded, nothing archived: the other worker does both
                 self.counts.taken += 1
                 self._done(item.job, JobStatus.PROCESSING)
@@ -498,6 +558,61 @@ class Pipeline:
                 self._done(item.job, status)
             else:
                 self._to_archive.put((item.job, status, committed, item.identity))
+
+    def _bind(self, item: _Item) -> _Item | None:
+        """Take one page of a multi-page file: postprocess it and write its outputs (the first page's wait
+        for the file's JSON). Returns the file's first item once every expected page has come, else None."""
+        book = item.book
+        assert book is not None
+        if item.page == 0:
+            book.first = item
+        if item.error is None and item.output is not None and item.geometry is not None and book.error is None:
+            try:
+                self._page_done(item, book)
+            except OutboxFull as e:
+                book.full = e
+            except Exception as e:
+                if not isinstance(e, OSError):
+                    log.exception("postprocess/write %s, page %d", item.job.key, item.page + 1)
+                item.error = (f"cannot write its outputs under {self.outbox.root}: {e.strerror or e}"
+                              if isinstance(e, OSError) else f"{type(e).__name__}: {e}")
+        if item.error is not None and (book.error is None or item.page < book.error_page):
+            book.error, book.error_page = item.error, item.page
+        item.output = None
+        if item.page:
+            item.image = None  # the first page's is drawn on with the file's JSON
+        book.arrived += 1
+        if book.arrived < book.expected:
+            return None
+        first = book.first
+        assert first is not None
+        if book.error is not None and first.error is None:
+            first.error = book.error if book.error_page == 0 else \
+                f"page {book.error_page + 1} of {book.pages}: {book.error}"
+        return first
+
+    def _page_done(self, item: _Item, book: _Book) -> None:
+        """Postprocess one page; write its outputs now unless it is the first (written with the JSON)."""
+        t0 = time.perf_counter()
+        result = self.adapter.postprocess(item.output, item.geometry)  # type: ignore[arg-type]
+        t1 = time.perf_counter()
+        h, w = item.geometry.orig_hw  # type: ignore[union-attr]
+        entry: dict[str, Any] = {"page": item.page + 1, "image": {"width": w, "height": h}, **result.summary()}
+        if item.page == 0:
+            book.first_result = result
+            item.timings["postprocess_ms"] = (t1 - t0) * 1000
+        else:
+            if (mask := self.outbox.write_page(item.job.rel, item.page, result, item.image)) is not None:
+                entry["mask"] = mask
+            for k in ("decode_ms", "preprocess_ms", "infer_ms"):
+                book.timings[k] = book.timings.get(k, 0.0) + item.timings.get(k, 0.0)
+            book.timings["postprocess_ms"] = book.timings.get("postprocess_ms", 0.0) + (t1 - t0) * 1000
+            book.timings["write_ms"] = book.timings.get("write_ms", 0.0) + (time.perf_counter() - t1) * 1000
+        book.entries[item.page] = entry
+        book.score = max(book.score, top_score(result))
+        for cid, name, score in labels_of(result):
+            if cid not in book.labels or score > book.labels[cid][2]:
+                book.labels[cid] = (cid, name, score)
 
     def _done(self, job: Job, status: JobStatus) -> None:
         with self._idle:
@@ -515,9 +630,9 @@ class Pipeline:
             return JobStatus.DONE, None
         event: Finished
         t0 = time.perf_counter()
-        if item.error is None and item.output is not None and item.geometry is not None:
+        if item.error is None and (item.book is not None or (item.output is not None and item.geometry is not None)):
             try:
-                event = self._succeed(item, t0)
+                event = self._succeed(item, t0) if item.book is None else self._succeed_pages(item, item.book)
             except OutboxFull as e:
                 self._defer(item, e)
                 return JobStatus.QUEUED, None
@@ -571,6 +686,29 @@ class Pipeline:
                         score=top_score(result), payload=document, json_path=json_path, mask_path=mask_path,
                         labels=tuple(labels_of(result)), timings=self._timings(item),
                         committed=self._committed())
+
+    def _succeed_pages(self, item: _Item, book: _Book) -> Finished:
+        """A multi-page file whose pages are all postprocessed and but the first written: the first page's
+        outputs, then the JSON listing every page."""
+        if book.full is not None:
+            raise book.full
+        assert book.first_result is not None and item.geometry is not None
+        job = item.job
+        t0 = time.perf_counter()
+        if (mask := self.outbox.write_page(job.rel, 0, book.first_result, item.image)) is not None:
+            book.entries[0]["mask"] = mask
+        item.image = None
+        for k, v in book.timings.items():
+            item.timings[k] = item.timings.get(k, 0.0) + v
+        h, w = item.geometry.orig_hw
+        document = {**self._head(item, JobStatus.DONE), "image": {"width": w, "height": h, "pages": book.pages},
+                    "pages": [book.entries[k] for k in sorted(book.entries)],
+                    "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in _JSON_TIMINGS}}
+        json_path = self.outbox.write_document(job.rel, document, book.pages)
+        item.timings["write_ms"] = item.timings.get("write_ms", 0.0) + (time.perf_counter() - t0) * 1000
+        return Finished(job.key, item.sha256, item.size, JobStatus.DONE, task=self.card.task, score=book.score,
+                        payload=document, json_path=json_path, mask_path=mask, labels=tuple(book.labels.values()),
+                        timings=self._timings(item), committed=self._committed())
 
     def _defer(self, item: _Item, reason: OutboxFull) -> None:
         """The outbox's disk is full: no fault of the image's. It is recorded as queued (the attempt not

@@ -21,7 +21,7 @@ from worker.intake.scan import walk
 from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
-from worker.models.card import ModelCard, find_card, settings_digest
+from worker.models.card import ModelCard, find_card, settings_digest, with_all_pages
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.names import as_text
@@ -138,15 +138,18 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                             max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                             max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
                             memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
-                            keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce)
+                            keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce,
+                            all_pages=p.pages == "all")
         log.info("pipeline: %d decode threads, %d inference threads, batches of up to %d", settings.decode_workers,
                  settings.infer_workers, settings.max_batch)
         recorder = Recorder(db, RunInfo(mode=mode, root=as_text(str(root)), model=card.name,
-                                        model_sha256=sha256_file(onnx), card_sha256=settings_digest(card),
+                                        model_sha256=sha256_file(onnx),
+                                        card_sha256=with_all_pages(settings_digest(card)) if settings.all_pages
+                                        else settings_digest(card),
                                         providers=",".join(engine.providers), config=cfg.as_dict()))
         try:
             o = cfg.outputs
-            outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors)
+            outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors, pages=settings.all_pages)
             for folder in (cfg.outbox, archive):
                 if folder is not None and (n := remove_temporaries(folder)):
                     log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
@@ -286,10 +289,17 @@ def describe(outbox: Path, rel: str) -> str:
     if not path.exists():
         return "(no result)"
     doc = json.loads(path.read_text())
-    if doc["task"] == "classify":
+    if isinstance(doc.get("pages"), list):  # pipeline.pages: all, a multi-page file
+        return "; ".join(f"page {page['page']}: {_describe(doc['task'], page)}" for page in doc["pages"])
+    return _describe(doc["task"], doc)
+
+
+def _describe(task: str, doc: dict[str, Any]) -> str:
+    """One line for one image's (or page's) results."""
+    if task == "classify":
         top = doc["labels"][0]
         return f"{top['name']} {top['score']:.2f}" + (" (uncertain)" if doc["uncertain"] else "")
-    if doc["task"] == "detect":
+    if task == "detect":
         return ", ".join(f"{b['name']} {b['score']:.2f}" for b in doc["boxes"]) or "no boxes"
     if "classes" in doc:  # multi-class: each class but the background
         named = [f"{c['name']} {c['fraction']:.2%}" for c in doc["classes"] if c["class_id"]]

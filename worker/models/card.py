@@ -169,6 +169,12 @@ def settings_digest(card: ModelCard) -> str:
     return _digest({k: _set_only(getattr(card, k)) for k in _SHAPING})
 
 
+def with_all_pages(digest: str) -> str:
+    """A card digest for runs under `pipeline.pages: all`: a multi-page file done with its first page
+    only is not done under it, nor the other way round (a file's result document differs)."""
+    return hashlib.sha256(f"{digest}|pages: all".encode()).hexdigest()
+
+
 def _digest(settings: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
