@@ -317,3 +317,101 @@ def test_a_start_checks_the_card_then_the_database_before_the_model(cfg, tmp_pat
     with pytest.raises(ConfigError, match="model 'nope': no card"):
         run_folder(dataclasses.replace(own, model="nope", db=f"sqlite:///{fresh}"), folder)
     assert not fresh.exists()
+
+
+def _tiff(path: Path, *images: Path | "np.ndarray") -> Path:
+    """A multi-page TIFF of these pictures (files or BGR arrays), lossless: each page is its picture's pixels."""
+    import cv2
+
+    pages = [cv2.imread(str(p), cv2.IMREAD_COLOR) if isinstance(p, Path) else p for p in images]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    assert cv2.imwritemulti(str(path), pages)
+    return path
+
+
+def test_pages_all_processes_every_page_into_one_outcome(cfg, tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
+    """pipeline.pages: all. A 3-page TIFF of three photos: each page's labels are those of its photo run on
+    its own, in one JSON that lists the pages, one row (its labels every page's, its score the best page's)
+    and one timing row; the default, `first`, keeps the first page only; switching between them processes
+    done files again (their documents differ), and a rerun then skips them."""
+    import numpy as np
+
+    folder = tmp_path / "in"
+    photos = [samples / n for n in ("coffee.png", "chelsea.png", "motorcycle_left.png")]
+    _tiff(folder / "three.tif", *photos)
+    for p in photos:
+        shutil.copy(p, folder / p.name)
+    effnet = dataclasses.replace(cfg, model="efficientnet-lite0")
+    first = run_folder(effnet, folder)
+    assert first.figures["done"] == 4
+    doc = json.loads((cfg.outbox / "three.tif.json").read_text())
+    assert doc["image"]["pages"] == 3 and "pages" not in doc and doc["labels"][0]["name"] == "espresso"
+
+    every = dataclasses.replace(effnet, pipeline=dataclasses.replace(effnet.pipeline, pages="all"))
+    assert run_folder(every, folder).figures["done"] == 4  # done under `first`: not done under `all`
+    doc = json.loads((cfg.outbox / "three.tif.json").read_text())
+    assert doc["status"] == "done" and doc["image"] == {"width": 600, "height": 400, "pages": 3}
+    assert [p["page"] for p in doc["pages"]] == [1, 2, 3] and "labels" not in doc
+    for page, photo in zip(doc["pages"], photos):
+        alone = json.loads((cfg.outbox / f"{photo.name}.json").read_text())
+        assert page["labels"] == alone["labels"] and page["image"] == {k: alone["image"][k] for k in ("width", "height")}
+    assert [p["labels"][0]["name"] for p in doc["pages"]] == ["espresso", "tiger cat", "moped"]
+    assert not (cfg.outbox / "three.tif.pages").exists()  # a classifier writes no per-page files
+    db = open_db(cfg.db)
+    with db.connect() as c:
+        (image,) = c.execute(select(ImageRow).where(ImageRow.rel_path == "three.tif")).all()
+        labels = {r.name: r.score for r in c.execute(select(LabelRow).where(LabelRow.image_id == image.id))}
+        score = c.scalar(select(ResultRow.score).where(ResultRow.image_id == image.id))
+        assert c.scalar(select(func.count()).select_from(TimingRow).where(TimingRow.image_id == image.id)) == 1
+    db.dispose()
+    tops = {p["labels"][0]["name"]: p["labels"][0]["score"] for p in doc["pages"]}
+    assert {n: round(labels[n], 6) for n in tops} == tops and np.isclose(score, max(tops.values()), atol=1e-6)
+    assert run_folder(every, folder).figures["skipped"] == 4
+    assert run_folder(effnet, folder).figures["done"] == 4  # and back
+
+
+def test_pages_all_writes_each_page_s_mask_and_removes_what_an_earlier_content_left(cfg, tmp_path: Path,
+                                                                                   samples: Path) -> None:
+    """A segmenter's page k mask is <rel>.pages/<k>.mask.png, the same as its picture's alone; a new content
+    of fewer pages leaves no mask of a page it does not have; a page that fails fails the file naming it,
+    and its outputs are gone but the error file; COCO export makes each page an image of its own."""
+    import cv2
+
+    from worker.export import coco
+    from worker.store.queries import Filters
+
+    every = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, pages="all", max_pixels=1_000_000))
+    folder = tmp_path / "in"
+    _tiff(folder / "docs.tif", samples / "page.png", samples / "text.png", samples / "page.png")
+    shutil.copy(samples / "text.png", folder / "text.png")
+    assert run_folder(every, folder).figures["done"] == 2
+    doc = json.loads((cfg.outbox / "docs.tif.json").read_text())
+    masks = ["docs.tif.mask.png", "docs.tif.pages/2.mask.png", "docs.tif.pages/3.mask.png"]
+    assert [p["mask"] for p in doc["pages"]] == masks
+    assert doc["pages"][1]["regions"] == json.loads((cfg.outbox / "text.png.json").read_text())["regions"]
+
+    def read(rel: str):
+        return cv2.imread(str(cfg.outbox / rel), cv2.IMREAD_UNCHANGED)
+
+    page_mask = read(masks[0])
+    assert (read(masks[1]) == read("text.png.mask.png")).all() and (page_mask == read(masks[2])).all()
+    db = open_db(cfg.db)
+    exported = coco(db, Filters(model="ppocr-det"), task="segment", outbox=cfg.outbox)
+    db.dispose()
+    pages = sorted((i.get("page", 0), i["file_name"], i["id"]) for i in exported["images"])
+    assert [(p, f) for p, f, _ in pages] == [(0, "text.png"), (1, "docs.tif"), (2, "docs.tif"), (3, "docs.tif")]
+    assert len({i for *_, i in pages}) == 4  # each page an image id of its own
+    assert {a["image_id"] for a in exported["annotations"]} == {i for *_, i in pages}
+
+    _tiff(folder / "docs.tif", samples / "text.png", samples / "page.png")  # fewer pages now
+    assert run_folder(every, folder).figures["done"] == 1
+    assert sorted(p.name for p in (cfg.outbox / "docs.tif.pages").iterdir()) == ["2.mask.png"]
+    assert (read("docs.tif.pages/2.mask.png") == page_mask).all()
+
+    big = cv2.resize(cv2.imread(str(samples / "page.png")), (1200, 900))  # 1,080,000 pixels: over the limit
+    _tiff(folder / "docs.tif", samples / "text.png", big, samples / "page.png")  # page 3 is not even sent
+    summary = run_folder(every, folder)
+    assert summary.figures["failed"] == 1
+    error = json.loads((cfg.outbox / "docs.tif.error.json").read_text())["error"]
+    assert error == "page 2 of 3: 1200x900 pixels is over the limit of 1000000 (pipeline.max_pixels)"
+    assert sorted(p.name for p in cfg.outbox.glob("docs.tif*")) == ["docs.tif.error.json"]
