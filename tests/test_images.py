@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from worker.errors import DecodeError, ImageTooLarge
-from worker.images import decode, decode_page, decode_reduced, frames
+from worker.images import decode, decode_reduced, frames, later_pages
 
 
 def _png(arr: np.ndarray, mode: str | None = None) -> bytes:
@@ -340,42 +340,51 @@ def test_frames_counts_pages_and_frames_and_says_one_for_the_rest() -> None:
     assert first.shape == (6, 8, 3) and tuple(first[0, 0]) == (0, 0, 255)  # BGR: the red first page
 
 
-def test_decode_page_gives_each_page_as_decode_gives_the_first(tmp_path) -> None:
-    """pipeline.pages: all. Each page of a TIFF (colour pages of two sizes, a gray one; 16-bit pages at
-    depth 8, 16 and 32) as written, page 0 as `decode` gives it; a GIF's and an APNG's frames; a page
-    over the pixel limit, one past the last and one of float samples under depth 8 are refused."""
+def test_later_pages_give_each_page_as_decode_gives_the_first(tmp_path, monkeypatch) -> None:
+    """pipeline.pages: all. Each later page of a TIFF (colour pages of two sizes, a gray one; 16-bit pages
+    at depth 8, 16 and 32), a few at a time or one by one, as written; a GIF's and an APNG's frames; a page
+    over the pixel limit, or of float samples under depth 8, is refused once the pages before it are out."""
+    import worker.images as images
+
     rng = np.random.default_rng(3)
     pages = [rng.integers(0, 256, (40, 60, 3), dtype=np.uint8), rng.integers(0, 256, (30, 20, 3), dtype=np.uint8),
-             rng.integers(0, 256, (10, 12), dtype=np.uint8)]
+             rng.integers(0, 256, (10, 12), dtype=np.uint8), rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)]
     assert cv2.imwritemulti(str(tmp_path / "m.tif"), pages)
     data = (tmp_path / "m.tif").read_bytes()
-    assert np.array_equal(decode_page(data, "m.tif", 0, 0), decode(data, "m.tif", 0))
-    for k, page in enumerate(pages):
-        want = page if page.ndim == 3 else np.repeat(page[:, :, None], 3, axis=2)
-        assert np.array_equal(decode_page(data, "m.tif", k, 0), want), k
-        assert np.array_equal(decode_page(data, "m.tif", k, 0, depth=32), want.astype(np.float32)), k
+    want = [p if p.ndim == 3 else np.repeat(p[:, :, None], 3, axis=2) for p in pages[1:]]
+    for chunk in (16, 2, 1):  # every page in one call, a call ending between pages, one page a call
+        monkeypatch.setattr(images, "PAGE_CHUNK", chunk)
+        got = list(later_pages(data, "m.tif", 0))
+        assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want)), chunk
+        assert all(np.array_equal(g, w.astype(np.float32)) for g, w in zip(later_pages(data, "m", 0, 32), want))
+    monkeypatch.setattr(images, "PAGE_CHUNK", 16)
     deep = [rng.integers(0, 65536, (8, 9, 3), dtype=np.uint16) for _ in range(2)]
     assert cv2.imwritemulti(str(tmp_path / "d.tif"), deep)
     data16 = (tmp_path / "d.tif").read_bytes()
-    assert np.array_equal(decode_page(data16, "d.tif", 1, 0, depth=16), deep[1])
+    assert np.array_equal(next(later_pages(data16, "d.tif", 0, depth=16)), deep[1])
     assert cv2.imwrite(str(tmp_path / "one.tif"), deep[1])  # at depth 8, as `decode` makes 8 bits of 16
-    assert np.array_equal(decode_page(data16, "d.tif", 1, 0), decode((tmp_path / "one.tif").read_bytes(), "one", 0))
+    assert np.array_equal(next(later_pages(data16, "d.tif", 0)), decode((tmp_path / "one.tif").read_bytes(), "o", 0))
+
+    # 30x20 = 600 pixels on page 2: pages 2-4 in one call, but the page over the limit is said first
     with pytest.raises(ImageTooLarge, match="m.tif: 20x30 pixels is over the limit of 599"):
-        decode_page(data, "m.tif", 1, 599)
-    assert decode_page(data, "m.tif", 1, 600).shape == (30, 20, 3)
-    with pytest.raises(DecodeError, match="m.tif: not in the file"):
-        decode_page(data, "m.tif", 3, 0)
+        next(later_pages(data, "m.tif", 599))
+    bigger = [pages[0], pages[3], pages[1]]  # page 3 over the limit: page 2 comes out before it is refused
+    assert cv2.imwritemulti(str(tmp_path / "b.tif"), bigger)
+    out = later_pages((tmp_path / "b.tif").read_bytes(), "b.tif", 599)
+    assert np.array_equal(next(out), pages[3])
+    with pytest.raises(ImageTooLarge, match="b.tif: 20x30 pixels"):
+        next(out)
 
     frames_ = [Image.new("RGB", (8, 6), c) for c in ("red", "blue", "lime")]
     for fmt, kw in (("GIF", {}), ("PNG", {"default_image": False})):
         buf = io.BytesIO()
         frames_[0].save(buf, fmt, save_all=True, append_images=frames_[1:], **kw)
-        got = [tuple(decode_page(buf.getvalue(), f"a.{fmt}", k, 0)[0, 0]) for k in range(3)]
-        assert got == [(0, 0, 255), (255, 0, 0), (0, 255, 0)], fmt  # BGR
+        got = [tuple(p[0, 0]) for p in later_pages(buf.getvalue(), f"a.{fmt}", 0)]
+        assert got == [(255, 0, 0), (0, 255, 0)], fmt  # BGR: blue, lime
 
     floats = [np.zeros((4, 5), np.float32), np.full((4, 5), -2.5, np.float32)]
     buf = io.BytesIO()
     Image.fromarray(floats[0]).save(buf, "TIFF", save_all=True, append_images=[Image.fromarray(floats[1])])
     with pytest.raises(DecodeError, match="a TIFF of 32-bit float samples"):
-        decode_page(buf.getvalue(), "f.tif", 1, 0)
-    assert decode_page(buf.getvalue(), "f.tif", 1, 0, depth=32)[0, 0].tolist() == [-2.5, -2.5, -2.5]
+        next(later_pages(buf.getvalue(), "f.tif", 0))
+    assert next(later_pages(buf.getvalue(), "f.tif", 0, depth=32))[0, 0].tolist() == [-2.5, -2.5, -2.5]

@@ -19,7 +19,7 @@ import contextlib
 import io
 import struct
 import warnings
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from typing import Callable
 
@@ -280,41 +280,69 @@ def frames(data: bytes) -> int:
         return 1
 
 
-def decode_page(data: bytes, name: str, page: int, max_pixels: int, depth: int = 8) -> np.ndarray:
-    """Page `page` of a multi-page file (0 is the first, which `decode` gives): a TIFF's page as OpenCV
-    decodes it (at the card's depth, as the first), a GIF's, WebP's or PNG's frame as Pillow composes it.
-    The page's own size is held to the pixel limit before it is decoded; a page of 32-bit samples is
-    refused unless `depth` is 32, as a first page is. Raises DecodeError or ImageTooLarge, whose reason
-    does not say which page (the caller does)."""
+# a TIFF's later pages are decoded this many at a time, and at most this many pixels at once: libtiff finds
+# page k by walking the k pages before it, so one call per page costs a long file time quadratic in its pages
+PAGE_CHUNK = 16
+PAGE_CHUNK_PIXELS = 16_000_000
+
+
+def later_pages(data: bytes, name: str, max_pixels: int, depth: int = 8) -> Generator[np.ndarray, None, None]:
+    """The pages after the first of a multi-page file (TIFF pages, GIF/WebP/PNG frames), in order, each as
+    `decode` gives a first page: a TIFF's as OpenCV decodes it at the card's depth, a GIF's, WebP's or
+    PNG's frame as Pillow composes it. Each page's size is held to the pixel limit before it is decoded,
+    and a page of 32-bit samples is refused unless `depth` is 32. Raises DecodeError or ImageTooLarge
+    for the page that would come next, whose reason does not say which page (the caller counts).
+
+    Pillow stays open and steps from one page to the next (seeking page k afresh walks every page before
+    it); a TIFF's pages are decoded a few at a time (PAGE_CHUNK) for the same reason."""
+    buf = np.frombuffer(data, dtype=np.uint8)
+    flags = cv2.IMREAD_UNCHANGED if depth == 32 else cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if depth == 16 else 0)
     try:
         with _opened(data) as im:
-            im.seek(page)
-            (w, h), kind = im.size, im.format
-            bits = getattr(im, "tag_v2", {}).get(258, 0)
-            if depth != 32 and _is_32bit(im.mode, bits):
-                raise DecodeError(name, _not_pixels(kind or "file", "float" if im.mode == "F" else "integer"))
-            _check_pixels(w, h, name, max_pixels)
-            frame = None if kind == "TIFF" else np.asarray(im.convert("RGB"))[:, :, ::-1]
+            count, tiff = max(int(getattr(im, "n_frames", 1)), 1), im.format == "TIFF"
+            page = 1
+            while page < count:
+                chunk, pixels = 0, 0
+                while page + chunk < count and chunk < (PAGE_CHUNK if tiff else 1):
+                    im.seek(page + chunk)  # onwards from where it is: no walk from the first page
+                    w, h = im.size
+                    if chunk and pixels + w * h > PAGE_CHUNK_PIXELS:
+                        break
+                    try:
+                        _check_page(im, name, max_pixels, depth)
+                    except (DecodeError, ImageTooLarge):
+                        if chunk:  # the pages before it first: then it is the next, and says so
+                            break
+                        raise
+                    chunk, pixels = chunk + 1, pixels + w * h
+                if not tiff:
+                    yield _as_page(np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]), name, depth)
+                    page += 1
+                    continue
+                ok, mats = cv2.imdecodemulti(buf, flags, None, (page, page + chunk))
+                if not ok or len(mats) != chunk:
+                    raise DecodeError(name, "cannot decode (OpenCV read no image there)")
+                for img in mats:
+                    yield _as_page(img, name, depth)
+                page += chunk
     except (DecodeError, ImageTooLarge):
         raise
-    except EOFError:
-        raise DecodeError(name, "not in the file") from None
     except Exception as e:
         raise DecodeError(name, f"cannot decode ({type(e).__name__}: {e})") from None
-    if frame is not None:
-        img = np.ascontiguousarray(frame)
-    else:
-        flags = cv2.IMREAD_UNCHANGED if depth == 32 else cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if depth == 16 else 0)
-        ok, mats = cv2.imdecodemulti(np.frombuffer(data, dtype=np.uint8), flags, None, (page, page + 1))
-        if not ok or not mats:
-            raise DecodeError(name, "cannot decode (OpenCV read no image there)")
-        img = mats[0]
-        if depth == 32:
-            return _as_samples(img, name)
+
+
+def _check_page(im: Image.Image, name: str, max_pixels: int, depth: int) -> None:
+    if depth != 32 and _is_32bit(im.mode, getattr(im, "tag_v2", {}).get(258, 0)):
+        raise DecodeError(name, _not_pixels(im.format or "file", "float" if im.mode == "F" else "integer"))
+    _check_pixels(im.size[0], im.size[1], name, max_pixels)
+
+
+def _as_page(img: np.ndarray, name: str, depth: int) -> np.ndarray:
+    """A decoded later page as `decode` gives a first one at this depth."""
+    if depth == 32:
+        return _as_samples(img, name)
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
-    if depth == 32:
-        return img.astype(np.float32)
     return widen(img) if depth == 16 and img.dtype == np.uint8 else img
 
 

@@ -36,7 +36,7 @@ from worker.batcher import Batcher
 from worker.engine import Engine
 from worker.errors import ImageError, ImageTooLarge, InputGone, OutboxFull, WorkerError
 from worker.gpu import GpuMemory
-from worker.images import decode, decode_page, decode_reduced, frames
+from worker.images import decode, decode_reduced, frames, later_pages
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard, accepted_digests, with_all_pages
@@ -476,30 +476,36 @@ class Pipeline:
         return True
 
     def _send_pages(self, first: _Item) -> None:
-        """Decode and preprocess a multi-page file's other pages one by one, each into the queue after its
+        """Decode and preprocess a multi-page file's other pages in order, each into the queue after its
         first (a full queue holds this thread: a file of a thousand pages is never all in memory). After a
         page that fails, the rest are not sent: the file fails naming that page."""
         book = first.book
         assert book is not None and book.data is not None
-        for page in range(1, book.pages):
-            part = _Item(first.job, sha256=first.sha256, size=first.size, pages=book.pages, page=page, book=book)
-            t0 = time.perf_counter()
-            try:
-                image = decode_page(book.data, first.job.key, page, self.settings.max_pixels, self._depth)
-                t1 = time.perf_counter()
-                part.tensor, part.geometry = self.adapter.preprocess(image)
-                if self.settings.keep_image:
-                    part.image = image
-                part.timings.update(decode_ms=(t1 - t0) * 1000, preprocess_ms=(time.perf_counter() - t1) * 1000)
-            except Exception as e:
-                if not isinstance(e, ImageError):
-                    log.exception("prepare %s, page %d", first.job.key, page + 1)
-                part.error = e.reason if isinstance(e, ImageError) else f"{type(e).__name__}: {e}"
-                book.expected = page + 1  # before the item is queued: the finish thread counts up to it
-                self._inferred.put(part)
-                break
-            self._prepared.put(part)
-        book.data = None
+        pages = later_pages(book.data, first.job.key, self.settings.max_pixels, self._depth)
+        try:
+            for page in range(1, book.pages):
+                part = _Item(first.job, sha256=first.sha256, size=first.size, pages=book.pages, page=page, book=book)
+                t0 = time.perf_counter()
+                try:
+                    image = next(pages, None)
+                    if image is None:
+                        raise ImageError(first.job.key, "not in the file (it ended early)")
+                    t1 = time.perf_counter()
+                    part.tensor, part.geometry = self.adapter.preprocess(image)
+                    if self.settings.keep_image:
+                        part.image = image
+                    part.timings.update(decode_ms=(t1 - t0) * 1000, preprocess_ms=(time.perf_counter() - t1) * 1000)
+                except Exception as e:
+                    if not isinstance(e, ImageError):
+                        log.exception("prepare %s, page %d", first.job.key, page + 1)
+                    part.error = e.reason if isinstance(e, ImageError) else f"{type(e).__name__}: {e}"
+                    book.expected = page + 1  # before the item is queued: the finish thread counts up to it
+                    self._inferred.put(part)
+                    return
+                self._prepared.put(part)
+        finally:
+            pages.close()
+            book.data = None
 
     # -- stage 2: micro-batch and run the one shared session --------------------------------
     def _infer_loop(self) -> None:
