@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import logging
 import os
 import re
@@ -420,6 +421,33 @@ def test_watch_moves_bad_files_to_failed_and_keeps_going(cfg, samples: Path) -> 
     rows = image_rows(cfg)
     assert rows["empty.jpg"].error == "empty file"
     assert rows["random.jpg"].status == "failed" and rows["random.jpg"].error
+
+
+def test_every_page_of_a_dropped_multi_page_file_is_one_outcome_then_archived(cfg, samples: Path) -> None:
+    """pipeline.pages: all, watched: a 3-page TIFF renamed into the inbox gives one JSON of three pages and
+    moves to archive/done once; one whose second page is over the pixel limit, to archive/failed, and
+    neither leaves page outputs but the done one's."""
+    import cv2
+    import numpy as np
+
+    every = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, pages="all", max_pixels=1_000_000))
+    every.inbox.mkdir(parents=True)
+    page, text = cv2.imread(str(samples / "page.png")), cv2.imread(str(samples / "text.png"))
+    big = np.zeros((1000, 1001, 3), np.uint8)
+    with Watching(every) as w:
+        assert w.ready.wait(60)
+        for name, pages in (("scan.tif", [page, text, page]), ("bad.tif", [text, big, page])):
+            assert cv2.imwritemulti(str(every.inbox / f".{name}"), pages)
+            os.rename(every.inbox / f".{name}", every.inbox / name)
+        assert wait_for(lambda: len(w.finished) == 2)
+    assert sorted(w.finished) == [("bad.tif", JobStatus.FAILED), ("scan.tif", JobStatus.DONE)]
+    assert (every.archive / "done" / "scan.tif").exists() and (every.archive / "failed" / "bad.tif").exists()
+    doc = json.loads((every.outbox / "scan.tif.json").read_text())
+    assert [p["mask"] for p in doc["pages"]] == ["scan.tif.mask.png", "scan.tif.pages/2.mask.png",
+                                                 "scan.tif.pages/3.mask.png"]
+    assert all((every.outbox / p["mask"]).exists() for p in doc["pages"])
+    assert image_rows(every)["bad.tif"].error.startswith("page 2 of 3: 1001x1000 pixels is over the limit")
+    assert sorted(p.name for p in every.outbox.glob("bad.tif*")) == ["bad.tif.error.json"]
 
 
 def test_a_file_cut_short_waits_for_its_writer_then_is_taken_whole(tmp_path: Path, samples: Path) -> None:
