@@ -163,6 +163,23 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     assert r.invoke(cli, ["db", "downgrade", "base", "--db", scratch]).exit_code == 0
 
 
+def test_run_says_which_files_it_left_alone_for_their_names(tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
+    """Photos saved as .heic, a notes file and a README beside the images: `run` takes the image and says
+    how many it left alone, by extension (before: nothing said them, only a folder of none got a note)."""
+    conf = _config(tmp_path)
+    folder = tmp_path / "in"
+    (folder / "sub").mkdir(parents=True)
+    shutil.copy(samples / "coffee.png", folder / "coffee.png")
+    for name in ("a.heic", "sub/b.HEIC", "notes.txt", "sub/README", ".hidden.txt", "c.jpg.part"):
+        (folder / name).write_bytes(b"x")
+    out = CliRunner().invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress", "--model",
+                                   "efficientnet-lite0"])
+    assert out.exit_code == 0, out.output
+    assert "images 1: done 1" in out.output
+    assert "left alone: 4 files whose names are not images' (.heic 2, .txt 1, no extension 1); `extensions` in " \
+           "the config lists the names taken" in out.output, out.output
+
+
 def test_stats_says_what_slope_a_short_run_can_resolve(tmp_path: Path) -> None:
     """A run of a few minutes fits an RSS slope of hundreds of MB/h either way from its noise alone: the
     table says which slopes its window tells from noise (as `worker soak` judges), where that is more

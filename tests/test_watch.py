@@ -450,6 +450,33 @@ def test_every_page_of_a_dropped_multi_page_file_is_one_outcome_then_archived(cf
     assert sorted(p.name for p in every.outbox.glob("bad.tif*")) == ["bad.tif.error.json"]
 
 
+def test_a_file_left_alone_for_its_name_is_said_once(cfg, samples: Path, caplog) -> None:
+    """photo.heic, notes.txt and a README in the inbox are never taken: intake says so once each, at the
+    start-up scan or on its event, and not again for later events or rescans; hidden names are not said."""
+    root = cfg.inbox
+    (root / "sub").mkdir(parents=True)
+    shutil.copy(samples / "coffee.png", root / "photo.heic")
+    shutil.copy(samples / "coffee.png", root / "coffee.png")
+    (root / "notes.txt").write_text("a")
+    (root / "sub" / "README").write_text("b")
+    (root / ".hidden.txt").write_text("c")
+    submitted: list[Job] = []
+    intake = Intake(root, cfg.extensions, settle_s=0.0, rescan_s=0.0, submit=submitted.append)
+    with caplog.at_level(logging.WARNING, logger="worker.intake.watch"):
+        assert intake.run(burst=True) == 1  # the start-up scan: coffee.png taken
+        shutil.copy(samples / "coffee.png", root / "later.HEIC")
+        intake.notify(root / "later.HEIC", ready=True)  # its event
+        intake.notify(root / "notes.txt", ready=True)  # a change: not said again
+        intake.rescan()
+        intake.rescan()
+    said = [r.getMessage() for r in caplog.records if "left in the inbox" in r.getMessage()]
+    assert sorted(m.split(":")[0] for m in said) == ["later.HEIC", "notes.txt", "photo.heic", "sub/README"], said
+    assert "photo.heic: left in the inbox: its name does not end in an image extension (.heic; `extensions` in the " \
+           "config lists those taken)" in said
+    assert any(m.startswith("sub/README: ") and "(no extension;" in m for m in said)
+    assert [j.rel for j in submitted] == ["coffee.png"]
+
+
 def test_a_file_cut_short_waits_for_its_writer_then_is_taken_whole(tmp_path: Path, samples: Path) -> None:
     """A close event on the first part of a JPEG does not take it: its writer may come back (a resumed
     upload). The rest appended and closed again, it is taken once, whole."""

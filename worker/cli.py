@@ -215,6 +215,10 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
     _print_summary(summary)
     if summary.figures["failed"]:
         click.echo(f"  failures: worker query --status failed --run {summary.run_id}")
+    if others := summary.figures.get("not_images"):
+        counts = ", ".join(f"{ext} {n}" for ext, n in others.items())
+        click.echo(f"  left alone: {sum(others.values())} files whose names are not images' ({counts}); "
+                   f"`extensions` in the config lists the names taken")
     if not summary.figures["images"]:
         click.echo(f"  note: no image under {folder.absolute()} (names ending {' '.join(cfg.extensions)}; "
                    f"hidden and temporary names are left alone)")

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import time
+from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import sqlalchemy
 from worker.config import Config, Disposition
 from worker.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
-from worker.intake.scan import walk
+from worker.intake.scan import extension_of, walk
 from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
@@ -182,7 +183,8 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
         raise ConfigError(f"{folder}: not a folder")
     if total is not None:  # a first walk that only counts: a list of 200,000 paths held 41.5 MB (README)
         total(sum(1 for _ in walk(folder, cfg.extensions, skip=(cfg.outbox,))))
-    paths = walk(folder, cfg.extensions, skip=(cfg.outbox,))
+    not_images: Counter[str] = Counter()  # files left alone by their names, by extension: said at the end
+    paths = walk(folder, cfg.extensions, skip=(cfg.outbox,), others=lambda p: not_images.update((extension_of(p.name),)))
     finished = (lambda job, status: progress(1)) if progress is not None else None
     inputs = None if cfg.inputs.run == "keep" else cfg.inputs.run  # keep: no input stage, no commit waits
     with open_pipeline(cfg, "run", folder, inputs, on_finished=finished) as pipeline:
@@ -200,6 +202,7 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
             pipeline.submit(job, stop)
         pipeline.finish_or_abandon(stop)
         summary = _summary(cfg, pipeline, "run", time.perf_counter() - t0)
+    summary.figures["not_images"] = dict(not_images.most_common())
     return summary
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 TEMP_SUFFIXES = (".part", ".tmp", ".temp", ".crdownload", ".partial", ".swp", ".swx", "~")
 
@@ -17,8 +17,22 @@ def is_candidate(name: str, extensions: tuple[str, ...]) -> bool:
     return low.endswith(extensions)
 
 
-def walk(root: Path, extensions: tuple[str, ...], skip: tuple[Path, ...] = ()) -> Iterator[Path]:
-    """Every candidate file under root, sorted, without following symlinked folders."""
+def not_an_image_name(name: str, extensions: tuple[str, ...]) -> bool:
+    """A file left alone for good by its name (`notes.txt`, `photo.heic`): neither an image extension nor
+    a hidden or temporary name (those wait to be renamed). Worth saying: someone expected it processed."""
+    low = name.lower()
+    return not (name.startswith(".") or low.endswith(TEMP_SUFFIXES) or low.endswith(extensions))
+
+
+def extension_of(name: str) -> str:
+    """`.heic` for `photo.HEIC`, `no extension` for `README`: how the files left alone are counted."""
+    return os.path.splitext(name)[1].lower() or "no extension"
+
+
+def walk(root: Path, extensions: tuple[str, ...], skip: tuple[Path, ...] = (),
+         others: Callable[[Path], object] | None = None) -> Iterator[Path]:
+    """Every candidate file under root, sorted, without following symlinked folders; `others` is called
+    with each file whose name is not an image's (not_an_image_name)."""
     skip_resolved = {p.resolve() for p in skip}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         here = Path(dirpath)
@@ -26,3 +40,5 @@ def walk(root: Path, extensions: tuple[str, ...], skip: tuple[Path, ...] = ()) -
         for name in sorted(filenames):
             if is_candidate(name, extensions):
                 yield here / name
+            elif others is not None and not_an_image_name(name, extensions):
+                others(here / name)

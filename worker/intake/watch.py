@@ -28,7 +28,7 @@ from watchdog.observers.polling import PollingObserver
 
 from worker.errors import WorkerError
 from worker.intake.complete import cut_short
-from worker.intake.scan import is_candidate, walk
+from worker.intake.scan import extension_of, is_candidate, not_an_image_name, walk
 from worker.jobs import Job
 from worker.locks import flocked
 from worker.mounts import network_filesystem
@@ -46,6 +46,8 @@ MOVE_PAIRING_S = 0.05
 INBOX_CHECK_S = 1.0
 # how often it counts the folders inotify does not watch (a walk of the inbox's folders)
 COVERAGE_CHECK_S = 60.0
+# files left in the inbox for their names (notes.txt, photo.heic), each said once per start: up to this many
+LEFT_ALONE_SAID = 10_000
 
 
 class _StopRace(logging.Filter):
@@ -128,12 +130,15 @@ class Intake:
         self.submit, self.skip, self.done = submit, skip, done
         self._pending: dict[Path, _Pending] = {}
         self._inflight: dict[str, tuple[int, int]] = {}  # rel -> (size, mtime_ns) submitted, not finished
+        self._left_alone: set[str] = set()  # rels of files not taken for their names, said once
         self._lock = threading.Lock()
         self._wake = threading.Event()
 
     # called from the observer thread: record and return, never block
     def notify(self, path: Path, ready: bool) -> None:
         if not is_candidate(path.name, self.extensions):
+            if not_an_image_name(path.name, self.extensions):
+                self._say_left_alone(path)
             return
         with self._lock:
             p = self._pending.get(path)
@@ -155,8 +160,24 @@ class Intake:
             return sum(p.held for p in self._pending.values())
 
     def rescan(self) -> None:
-        for path in walk(self.root, self.extensions, self.skip):
+        for path in walk(self.root, self.extensions, self.skip, others=self._say_left_alone):
             self.notify(path, ready=False)
+
+    def _say_left_alone(self, path: Path) -> None:
+        """A file that will never be taken for its name: said once (per start), or a user waits for
+        results of photos saved as .heic, or of a folder of .jp2 scans, with nothing in the log."""
+        try:
+            rel = path.relative_to(self.root).as_posix()
+        except ValueError:
+            return
+        with self._lock:
+            if rel in self._left_alone or len(self._left_alone) >= LEFT_ALONE_SAID:
+                return
+            self._left_alone.add(rel)
+            last = len(self._left_alone) == LEFT_ALONE_SAID
+        log.warning("%s: left in the inbox: its name does not end in an image extension (%s; `extensions` in the "
+                    "config lists those taken)%s", as_text(rel), extension_of(path.name),
+                    f"; the next such files are not named ({LEFT_ALONE_SAID} were)" if last else "")
 
     def run(self, stop: threading.Event | None = None, burst: bool = False,
             check: Callable[[], object] | None = None) -> int:
