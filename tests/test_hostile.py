@@ -192,6 +192,50 @@ def _fill(fs: Path, leave: int) -> Path:
     return ballast
 
 
+def test_a_multi_page_file_whose_page_finds_the_outbox_full_waits_whole(cfg, tmp_path: Path, samples: Path,
+                                                                         monkeypatch) -> None:
+    """pipeline.pages: all, the outbox on a small tmpfs with room for about one page's mask: the file is
+    not failed, it waits whole (queued, its attempt not counted) and, once room is made, is done once
+    with every page's mask and one JSON."""
+    import subprocess
+
+    import cv2
+
+    import worker.pipeline as pipeline_mod
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    monkeypatch.setattr(pipeline_mod, "ROOM_CHECK_S", 0.1)
+    try:
+        every = dataclasses.replace(cfg, outbox=small / "out", pipeline=dataclasses.replace(cfg.pipeline, pages="all"))
+        (small / "out").mkdir()
+        folder = tmp_path / "in"
+        folder.mkdir()
+        page = cv2.imread(str(samples / "page.png"))
+        assert cv2.imwritemulti(str(folder / "scan.tif"), [page, cv2.resize(page, (1536, 764)), page, page])
+        ballast = _fill(small, 6 << 10)  # the 1536 px page's mask alone is bigger than this
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(run_folder(every, folder)))
+        t.start()
+        assert wait_for(lambda: Path(every.db[10:]).exists() and
+                        image_rows(every).get("scan.tif") is not None and
+                        image_rows(every)["scan.tif"].status == "queued", 60)
+        assert "waiting for room in the outbox" in image_rows(every)["scan.tif"].error
+        ballast.unlink()
+        t.join(120)
+        assert not t.is_alive() and (out[0].figures["done"], out[0].figures["failed"]) == (1, 0)
+        row = image_rows(every)["scan.tif"]
+        assert (row.status, row.attempts) == ("done", 1)
+        doc = json.loads((small / "out" / "scan.tif.json").read_text())
+        assert [p["page"] for p in doc["pages"]] == [1, 2, 3, 4]
+        assert all((small / "out" / p["mask"]).exists() for p in doc["pages"])
+        assert not list((small / "out").rglob(".tmp-*"))
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
+
+
 def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_path: Path, samples: Path,
                                                                    monkeypatch, caplog) -> None:
     """A real full filesystem (a small tmpfs) under the outbox: no image is failed for it. The images
