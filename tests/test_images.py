@@ -388,3 +388,18 @@ def test_later_pages_give_each_page_as_decode_gives_the_first(tmp_path, monkeypa
     with pytest.raises(DecodeError, match="a TIFF of 32-bit float samples"):
         next(later_pages(buf.getvalue(), "f.tif", 0))
     assert next(later_pages(buf.getvalue(), "f.tif", 0, depth=32))[0, 0].tolist() == [-2.5, -2.5, -2.5]
+
+
+def test_an_animated_webp_decodes_without_opencv_s_error_line(capfd) -> None:
+    """OpenCV refuses an animated WebP and prints `[ERROR:0@...] ... does not support animated webp images`
+    to stderr, once per file, into a service's log: such a file goes to Pillow first, its first frame."""
+    frames_ = [Image.new("RGB", (8, 6), c) for c in ("red", "blue")]
+    buf = io.BytesIO()
+    frames_[0].save(buf, "WEBP", save_all=True, append_images=frames_[1:], lossless=True)
+    capfd.readouterr()
+    first = decode(buf.getvalue(), "a.webp", 0)
+    assert tuple(first[0, 0]) == (0, 0, 255) and frames(buf.getvalue()) == 2
+    assert "ERROR" not in capfd.readouterr().err
+    still = io.BytesIO()
+    frames_[1].save(still, "WEBP", lossless=True)  # a still WebP stays OpenCV's
+    assert tuple(decode(still.getvalue(), "b.webp", 0)[0, 0]) == (255, 0, 0)

@@ -253,6 +253,8 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = 
                 pass
     elif data[:8] == PNG_SIGNATURE:
         data = _without_colour_profile(data)
+    elif _animated_webp(data):  # OpenCV refuses it, with an ERROR line on stderr each time: Pillow's
+        return _decode_with_pillow(data, name)
     buf = np.frombuffer(data, dtype=np.uint8)
     # applies EXIF orientation, gray->3 channels, and 16->8 bit unless deep
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if deep else 0))
@@ -263,6 +265,11 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = 
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
     return img
+
+
+def _animated_webp(data: bytes) -> bool:
+    """An animated WebP: its extended header (VP8X) has the animation flag (0x02 of its flags byte)."""
+    return data[:4] == b"RIFF" and data[8:16] == b"WEBPVP8X" and len(data) > 20 and bool(data[20] & 0x02)
 
 
 def frames(data: bytes) -> int:
