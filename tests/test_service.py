@@ -343,12 +343,13 @@ def test_pages_all_processes_every_page_into_one_outcome(cfg, tmp_path: Path, sa
         shutil.copy(p, folder / p.name)
     effnet = dataclasses.replace(cfg, model="efficientnet-lite0")
     first = run_folder(effnet, folder)
-    assert first.figures["done"] == 4
+    assert (first.figures["done"], first.figures["pages"]) == (4, 4)
     doc = json.loads((cfg.outbox / "three.tif.json").read_text())
     assert doc["image"]["pages"] == 3 and "pages" not in doc and doc["labels"][0]["name"] == "espresso"
 
     every = dataclasses.replace(effnet, pipeline=dataclasses.replace(effnet.pipeline, pages="all"))
-    assert run_folder(every, folder).figures["done"] == 4  # done under `first`: not done under `all`
+    figures = run_folder(every, folder).figures
+    assert (figures["done"], figures["pages"]) == (4, 6)  # done under `first`: not done under `all`
     doc = json.loads((cfg.outbox / "three.tif.json").read_text())
     assert doc["status"] == "done" and doc["image"] == {"width": 600, "height": 400, "pages": 3}
     assert [p["page"] for p in doc["pages"]] == [1, 2, 3] and "labels" not in doc

@@ -70,7 +70,8 @@ def _print_summary(summary: Any) -> None:
     click.echo(f"run {summary.run_id} ({summary.mode}, model {summary.model}, providers {','.join(summary.providers)})")
     taken = f", {f['taken']} left to another worker that had them" if f.get("taken") else ""
     unread = f"; {f['skipped_unread']} known by their unchanged files, not read" if f.get("skipped_unread") else ""
-    click.echo(f"  images {f['images']}: done {f['done']}, failed {f['failed']}, skipped {f['skipped']} "
+    pages = f" ({f['pages']} pages)" if f.get("pages", f["done"]) != f["done"] else ""
+    click.echo(f"  images {f['images']}: done {f['done']}{pages}, failed {f['failed']}, skipped {f['skipped']} "
                f"(already done{unread}){taken}")
     latency = f"latency ms p50 {f['p50']} p95 {f['p95']} p99 {f['p99']}" if f["done"] else "no image done"
     click.echo(f"  {f['images_per_s']} images/s over {f['seconds']} s; {latency}")

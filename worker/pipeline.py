@@ -98,6 +98,7 @@ class Counts:
     failed: int = 0
     skipped: int = 0
     unread: int = 0  # of the skipped: known done by the file's size and stamp, not read again
+    pages: int = 0  # pages of the done images (more than `done` only with pipeline.pages: all)
     taken: int = 0  # left to another live worker that claimed them first
     latencies_ms: LatencyWindow = field(default_factory=LatencyWindow)  # done images, total ms
 
@@ -656,6 +657,7 @@ class Pipeline:
         status = event.status
         if status is JobStatus.DONE:
             self.counts.done += 1
+            self.counts.pages += item.book.pages if item.book is not None else 1
             self.counts.latencies_ms.add(event.timings["total_ms"] if event.timings else 0.0)
         else:
             self.counts.failed += 1
@@ -924,7 +926,7 @@ def _file_kind(mode: int) -> str:
 
 def summarize(counts: Counts, seconds: float) -> dict[str, Any]:
     return {"images": counts.processed + counts.skipped + counts.taken, "done": counts.done, "failed": counts.failed,
-            "skipped": counts.skipped, "skipped_unread": counts.unread, "taken": counts.taken,
+            "skipped": counts.skipped, "skipped_unread": counts.unread, "taken": counts.taken, "pages": counts.pages,
             "seconds": round(seconds, 3),
             "images_per_s": round(counts.processed / seconds, 2) if seconds > 0 else 0.0,
             **{k: round(v, 1) for k, v in percentiles(counts.latencies_ms.last()).items()}}
