@@ -176,6 +176,8 @@ class Pipeline:
         # a run recorded under one of these: the same settings
         self._card_digests = frozenset(with_all_pages(d) for d in accepted_digests(card)) if settings.all_pages \
             else accepted_digests(card)
+        # the same for a file of one page, whose result does not depend on pipeline.pages
+        self._one_page_digests = accepted_digests(card) | {with_all_pages(d) for d in accepted_digests(card)}
         # rel -> (size, mtime_ns) of the inputs archived lately: a job queued for content that an
         # earlier job of the same path read and archived finds the file gone, and is not a failure
         self._archived: OrderedDict[str, tuple[int, int]] = OrderedDict()
@@ -414,7 +416,8 @@ class Pipeline:
         known = None if self.settings.replay else self._ledger.check(job.key, item.sha256)
         redo = self.settings.replay
         if known is not None and known.status == JobStatus.DONE.value:
-            if self._same_model(known):
+            # done under the other pipeline.pages setting: the same result for a file of one page
+            if self._same_model(known) or (self._same_model(known, self._one_page_digests) and frames(item.data) == 1):
                 item.skipped, item.data = True, None
                 if stamp is not None:  # read under a new stamp (touched, or done before stamps): note it
                     self.recorder.put(Restamped(job.key, item.sha256, stamp))
@@ -434,11 +437,12 @@ class Pipeline:
         known = self._ledger.check_stamp(rel, size, stamp)
         return known is not None and known.status == JobStatus.DONE.value and self._same_model(known)
 
-    def _same_model(self, known: Known) -> bool:
+    def _same_model(self, known: Known, digests: frozenset[str] | None = None) -> bool:
         """Whether an image's last processing used this ONNX file and these card settings (a run recorded
-        before card digests counts as these settings: an upgrade alone does not process everything again)."""
+        before card digests counts as these settings: an upgrade alone does not process everything again),
+        or settings of `digests`."""
         return known.model_sha256 == self.recorder.model_sha256 and \
-            (known.card_sha256 is None or known.card_sha256 in self._card_digests)
+            (known.card_sha256 is None or known.card_sha256 in (digests or self._card_digests))
 
     def _decode(self, item: _Item) -> bool:
         job, data = item.job, item.data
