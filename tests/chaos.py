@@ -3,9 +3,11 @@ renamed into place, half written in place in three chunks), then one watch to th
 input must end with exactly one row, one complete outcome and one archived copy (tests/test_crash.py's
 checks, at a scale too slow for the suite).
 
-    python tests/chaos.py WORK_DIR ROUNDS IMAGES    # e.g. /tmp/chaos 60 2000 (about 2 minutes here)
+    python tests/chaos.py WORK_DIR ROUNDS IMAGES [--pages]   # e.g. /tmp/chaos 60 2000 (about 2 minutes here)
 
-WORK_DIR must not exist; it keeps the inbox, outbox, archive and database for a look afterwards."""
+WORK_DIR must not exist; it keeps the inbox, outbox, archive and database for a look afterwards.
+--pages: every tenth image becomes a 3-page TIFF and the watcher runs with `pipeline.pages: all`; each
+such input's one JSON must list its three pages."""
 
 from __future__ import annotations
 
@@ -54,10 +56,31 @@ def produce(src: Path, inbox: Path, rels: list[str], rng: random.Random) -> None
         time.sleep(rng.uniform(0, 0.03))
 
 
-def main(tmp: Path, rounds: int, n: int) -> None:
+def as_stacks(src: Path, rels: list[str]) -> list[str]:
+    """Every tenth JPEG replaced by a 3-page TIFF of it and its two neighbours (distinct content each)."""
+    import cv2
+
+    out = []
+    for i, rel in enumerate(rels):
+        if i % 10 or rel.startswith("bad_"):
+            out.append(rel)
+            continue
+        pages = [cv2.imread(str(src / r)) for r in (rel, rels[i + 1], rels[i + 2])]
+        tif = rel.replace(".jpg", ".tif")
+        assert cv2.imwritemulti(str(src / tif), pages)
+        (src / rel).unlink()
+        out.append(tif)
+    return out
+
+
+def main(tmp: Path, rounds: int, n: int, pages: bool = False) -> None:
     tmp.mkdir(parents=True)
     rels = make_corpus(tmp / "src", CACHE / "samples", n=n, bad=10)
+    if pages:
+        rels = as_stacks(tmp / "src", rels)
     conf = write_config(tmp)
+    if pages:
+        conf.write_text(conf.read_text().replace("pipeline: {max_attempts: 10}", "pipeline: {max_attempts: 10, pages: all}"))
     (tmp / "inbox").mkdir()
     producer = threading.Thread(target=produce, args=(tmp / "src", tmp / "inbox", rels, random.Random(5)))
     producer.start()
@@ -79,8 +102,14 @@ def main(tmp: Path, rounds: int, n: int) -> None:
         print("rows (status, count, most attempts):",
               c.execute("SELECT status, count(*), max(attempts) FROM images GROUP BY status").fetchall())
         print("starts:", c.execute("SELECT count(*) FROM runs").fetchone()[0])
+    if pages:
+        import json
+
+        stacks = [r for r in rels if r.endswith(".tif")]
+        assert all(len(json.loads((tmp / "outbox" / f"{r}.json").read_text())["pages"]) == 3 for r in stacks)
+        print(len(stacks), "3-page TIFFs, each one JSON of 3 pages")
     print("OK: every input once, complete and archived")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), "--pages" in sys.argv[4:])
