@@ -180,6 +180,22 @@ def test_run_says_which_files_it_left_alone_for_their_names(tmp_path: Path, samp
            "the config lists the names taken" in out.output, out.output
 
 
+def test_run_pages_all_from_the_command_line(tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
+    """--pages all overrides the config's pipeline.pages for one run: a 2-page TIFF gives one JSON of
+    two pages, and the summary counts them."""
+    conf = _config(tmp_path)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    pictures = [cv2.imread(str(samples / n)) for n in ("coffee.png", "chelsea.png")]
+    assert cv2.imwritemulti(str(folder / "two.tif"), pictures)
+    out = CliRunner().invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress", "--model",
+                                   "efficientnet-lite0", "--pages", "all"])
+    assert out.exit_code == 0, out.output
+    assert "images 1: done 1 (2 pages)" in out.output
+    doc = json.loads(next((tmp_path).rglob("two.tif.json")).read_text())
+    assert [p["labels"][0]["name"] for p in doc["pages"]] == ["espresso", "tiger cat"]
+
+
 def test_stats_says_what_slope_a_short_run_can_resolve(tmp_path: Path) -> None:
     """A run of a few minutes fits an RSS slope of hundreds of MB/h either way from its noise alone: the
     table says which slopes its window tells from noise (as `worker soak` judges), where that is more

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 import click
 
 from worker import config as config_mod
-from worker.config import Config, Disposition
+from worker.config import Config, Disposition, Pages
 from worker.errors import ConfigError, WorkerError
 from worker.names import printable
 
@@ -30,11 +30,14 @@ if TYPE_CHECKING:
 log = logging.getLogger("worker")
 
 
-def _load(ctx: click.Context, inputs: Disposition | None = None, **overrides: Any) -> Config:
+def _load(ctx: click.Context, inputs: Disposition | None = None, pages: Pages | None = None,
+          **overrides: Any) -> Config:
     cfg = config_mod.load(ctx.obj["config_path"]).with_overrides(**overrides)
     if inputs is not None:  # --inputs: for the command it is given to (watch or run)
         field: dict[str, Disposition] = {str(ctx.command.name): inputs}
         cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, **field))
+    if pages is not None:  # --pages
+        cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, pages=pages))
     return cfg
 
 
@@ -92,6 +95,12 @@ inputs_option = click.option(
     "--inputs", type=click.Choice(["move", "keep", "delete"]),
     help="What becomes of each input once recorded: move (to the archive), keep, or delete (done ones; failed "
          "ones are moved to the archive). Default: config inputs.watch (move) or inputs.run (keep).")
+
+
+pages_option = click.option(
+    "--pages", type=click.Choice(["first", "all"]),
+    help="A multi-page file (TIFF pages, GIF/WebP/PNG frames): its first page only, or every page, one result "
+         "listing them. Default: config pipeline.pages (first).")
 
 
 # options the database commands share, worded once (a click option decorator makes a new Option each use)
@@ -160,6 +169,7 @@ class _OneLineFormatter(logging.Formatter):
 @cli.command()
 @with_paths
 @inputs_option
+@pages_option
 @click.pass_context
 def watch(ctx: click.Context, **overrides: Any) -> None:
     """Watch the inbox and process every image that arrives; Ctrl-C stops.
@@ -185,6 +195,7 @@ def watch(ctx: click.Context, **overrides: Any) -> None:
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
 @with_paths
 @inputs_option
+@pages_option
 @click.pass_context
 def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: Any) -> None:
     """Process every image under FOLDER once; a rerun skips images already done.
@@ -194,6 +205,7 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
     \b
     Example:
       worker run ./overnight --outbox ./results
+      worker run ./scanned-documents --model ppocr-det --pages all
     """
     from tqdm import tqdm
 

@@ -64,6 +64,7 @@ class WatchConfig:
 
 
 Disposition = Literal["move", "keep", "delete"]
+Pages = Literal["first", "all"]  # of a multi-page file: its first page, or every page
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ class PipelineConfig:
     max_attempts: int = field(default=3, metadata=_POSITIVE)  # failed this many times: quarantined as failed
     jpeg_reduce: bool = False  # opt-in: decode big JPEGs at 1/2, 1/4, 1/8 scale (faster, results change slightly)
     # a multi-page file (TIFF pages, GIF/WebP/PNG frames): its first page only, or every page, one document
-    pages: Literal["first", "all"] = "first"
+    pages: Pages = "first"
 
 
 @dataclass(frozen=True)
