@@ -114,9 +114,15 @@ def check_header(data: bytes, name: str, samples32: bool = False) -> tuple[int, 
         return None
     except Exception as e:  # truncated headers and the like
         raise DecodeError(name, f"unreadable image header ({type(e).__name__}: {e})") from None
-    if not samples32 and _is_32bit(mode, bits):
-        raise DecodeError(name, _not_pixels(kind or "file", "float" if mode == "F" else "integer"))
+    if not samples32 and (why := _samples_not_pixels(mode, bits, kind)) is not None:
+        raise DecodeError(name, why)
     return size
+
+
+def _samples_not_pixels(mode: str, bits: int | tuple[int, ...], kind: str | None) -> str | None:
+    """Why an image Pillow opened in this mode (with a TIFF's BitsPerSample) holds measurements, not pixels;
+    None for pixels."""
+    return _not_pixels(kind or "file", "float" if mode == "F" else "integer") if _is_32bit(mode, bits) else None
 
 
 def _not_pixels(kind: str, samples: str) -> str:
@@ -339,8 +345,8 @@ def later_pages(data: bytes, name: str, max_pixels: int, depth: int = 8) -> Gene
 
 
 def _check_page(im: Image.Image, name: str, max_pixels: int, depth: int) -> None:
-    if depth != 32 and _is_32bit(im.mode, getattr(im, "tag_v2", {}).get(258, 0)):
-        raise DecodeError(name, _not_pixels(im.format or "file", "float" if im.mode == "F" else "integer"))
+    if depth != 32 and (why := _samples_not_pixels(im.mode, getattr(im, "tag_v2", {}).get(258, 0), im.format)):
+        raise DecodeError(name, why)
     _check_pixels(im.size[0], im.size[1], name, max_pixels)
 
 

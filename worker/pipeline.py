@@ -39,7 +39,7 @@ from worker.gpu import GpuMemory
 from worker.images import decode, decode_reduced, frames, later_pages
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
-from worker.models.card import ModelCard, accepted_digests, with_all_pages
+from worker.models.card import ModelCard, accepted_digests
 from worker.names import on_disk
 from worker.outbox import Outbox, move_verified
 from worker.results import Result, labels_of, top_score
@@ -174,10 +174,9 @@ class Pipeline:
         self._to_archive: queue.Queue[Any] = queue.Queue(settings.queue_size)
         self._ledger = Ledger(db, card.name, recorder.root)
         # a run recorded under one of these: the same settings
-        self._card_digests = frozenset(with_all_pages(d) for d in accepted_digests(card)) if settings.all_pages \
-            else accepted_digests(card)
+        self._card_digests = accepted_digests(card, settings.all_pages)
         # the same for a file of one page, whose result does not depend on pipeline.pages
-        self._one_page_digests = accepted_digests(card) | {with_all_pages(d) for d in accepted_digests(card)}
+        self._one_page_digests = accepted_digests(card, False) | accepted_digests(card, True)
         # rel -> (size, mtime_ns) of the inputs archived lately: a job queued for content that an
         # earlier job of the same path read and archived finds the file gone, and is not a failure
         self._archived: OrderedDict[str, tuple[int, int]] = OrderedDict()

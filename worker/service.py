@@ -22,7 +22,7 @@ from worker.intake.scan import extension_of, walk
 from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
-from worker.models.card import ModelCard, find_card, settings_digest, with_all_pages
+from worker.models.card import ModelCard, find_card, settings_digest
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.names import as_text
@@ -145,8 +145,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                  settings.infer_workers, settings.max_batch)
         recorder = Recorder(db, RunInfo(mode=mode, root=as_text(str(root)), model=card.name,
                                         model_sha256=sha256_file(onnx),
-                                        card_sha256=with_all_pages(settings_digest(card)) if settings.all_pages
-                                        else settings_digest(card),
+                                        card_sha256=settings_digest(card, settings.all_pages),
                                         providers=",".join(engine.providers), config=cfg.as_dict()))
         try:
             o = cfg.outputs

@@ -9,19 +9,20 @@ from typing import Callable, Iterator
 TEMP_SUFFIXES = (".part", ".tmp", ".temp", ".crdownload", ".partial", ".swp", ".swx", "~")
 
 
+def _waits_for_rename(name: str) -> bool:
+    """A hidden or temporary name: ignored until renamed, whatever its extension."""
+    return name.startswith(".") or name.lower().endswith(TEMP_SUFFIXES)
+
+
 def is_candidate(name: str, extensions: tuple[str, ...]) -> bool:
     """Hidden and temporary names are ignored until renamed; only image extensions count."""
-    low = name.lower()
-    if name.startswith(".") or low.endswith(TEMP_SUFFIXES):
-        return False
-    return low.endswith(extensions)
+    return not _waits_for_rename(name) and name.lower().endswith(extensions)
 
 
 def not_an_image_name(name: str, extensions: tuple[str, ...]) -> bool:
     """A file left alone for good by its name (`notes.txt`, `photo.heic`): neither an image extension nor
     a hidden or temporary name (those wait to be renamed). Worth saying: someone expected it processed."""
-    low = name.lower()
-    return not (name.startswith(".") or low.endswith(TEMP_SUFFIXES) or low.endswith(extensions))
+    return not _waits_for_rename(name) and not name.lower().endswith(extensions)
 
 
 def extension_of(name: str) -> str:

@@ -160,18 +160,20 @@ class ModelCard:
 _SHAPING = ("task", "input", "preprocess", "postprocess", "labels", "labels_source")
 
 
-def settings_digest(card: ModelCard) -> str:
+def settings_digest(card: ModelCard, all_pages: bool = False) -> str:
     """sha256 of the card's settings that shape its results: the task, the input, the pre- and
     postprocessing and the labels. A rerun after any of these changed processes done images again.
 
     Settings at their defaults are left out: a version that adds a setting, at a default that keeps
-    what was done before, must not make every image done so far count as done differently."""
-    return _digest({k: _set_only(getattr(card, k)) for k in _SHAPING})
+    what was done before, must not make every image done so far count as done differently.
+    `all_pages` (pipeline.pages: all) makes another digest: see _with_all_pages."""
+    digest = _digest({k: _set_only(getattr(card, k)) for k in _SHAPING})
+    return _with_all_pages(digest) if all_pages else digest
 
 
-def with_all_pages(digest: str) -> str:
-    """A card digest for runs under `pipeline.pages: all`: a multi-page file done with its first page
-    only is not done under it, nor the other way round (a file's result document differs)."""
+def _with_all_pages(digest: str) -> str:
+    """A digest for runs under `pipeline.pages: all`: a multi-page file done with its first page only is
+    not done under it, nor the other way round (a file's result document differs)."""
     return hashlib.sha256(f"{digest}|pages: all".encode()).hexdigest()
 
 
@@ -179,10 +181,16 @@ def _digest(settings: dict[str, object]) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def accepted_digests(card: ModelCard) -> frozenset[str]:
+def accepted_digests(card: ModelCard, all_pages: bool = False) -> frozenset[str]:
     """The digests under which a recorded run counts as done with this card's settings: today's, and
     the one the first version with digests recorded (every setting, defaults too, of the settings it
-    had), while this card sets nothing that version did not have."""
+    had), while this card sets nothing that version did not have; under `all_pages`, each made as
+    settings_digest makes it."""
+    digests = _accepted_digests(card)
+    return frozenset(_with_all_pages(d) for d in digests) if all_pages else digests
+
+
+def _accepted_digests(card: ModelCard) -> frozenset[str]:
     digests = {settings_digest(card)}
     v1: dict[str, object] = {}
     for key in _SHAPING:
