@@ -44,6 +44,30 @@ def test_each_name_holds_its_latest_outcome_results_or_an_error(tmp_path: Path) 
     assert not list((tmp_path / "quiet").iterdir())
 
 
+def test_a_page_folder_keeps_only_the_pages_the_latest_outcome_has_and_whatever_is_not_a_page_s(tmp_path: Path) -> None:
+    """<rel>.pages/ holds page k's outputs (k from 2); a later outcome of fewer pages, or one page, or a
+    failure, removes those past it. An input folder that happens to share the name keeps its outputs."""
+    box = Outbox(tmp_path / "out", write_yolo_txt=True)
+    mask = Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9)
+    for page in (1, 2, 3):
+        box.write_page("s.tif", page, mask)
+    pages = tmp_path / "out/s.tif.pages"
+    box.write("s.tif.pages/4.png", mask, {"x": 1})  # an input of that name: its outputs are not pages'
+    (pages / "5.mask.png.part").write_bytes(b"")
+    assert box.write_document("s.tif", {"pages": 4}, 4) == "s.tif.json"
+    theirs = ["4.png.json", "4.png.mask.png", "5.mask.png.part"]
+    assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", "3.mask.png", "4.mask.png", *theirs]
+    box.write_document("s.tif", {"pages": 2}, 2)
+    assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", *theirs]
+    box.write("s.tif", mask, {"x": 1})  # one page now (or pipeline.pages: first)
+    assert sorted(p.name for p in pages.iterdir()) == theirs
+    for p in theirs:
+        (pages / p).unlink()
+    box.write_page("s.tif", 1, mask)
+    box.write_error("s.tif", {"error": "x"})
+    assert not pages.exists()  # emptied: the folder goes too
+
+
 def test_names_too_long_for_their_outputs_are_cut_short_and_stay_apart() -> None:
     assert fit_name("a.png", 12) == "a.png" and output_rel("d/a.png") == "d/a.png"
     for stem in ("x" * 300, "長" * 100, "ab\udce9" * 80):  # ASCII, 3-byte characters, bytes that are not UTF-8

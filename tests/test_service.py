@@ -411,6 +411,10 @@ def test_pages_all_writes_each_page_s_mask_and_removes_what_an_earlier_content_l
     assert run_folder(every, folder).figures["done"] == 1
     assert sorted(p.name for p in (cfg.outbox / "docs.tif.pages").iterdir()) == ["2.mask.png"]
     assert (read("docs.tif.pages/2.mask.png") == page_mask).all()
+    first = run_folder(cfg, folder)  # pipeline.pages: first again: the file's JSON lists no pages, nor its folder
+    assert (first.figures["done"], first.figures["skipped"]) == (1, 1)
+    assert "pages" not in json.loads((cfg.outbox / "docs.tif.json").read_text())
+    assert not (cfg.outbox / "docs.tif.pages").exists()
 
     big = cv2.resize(cv2.imread(str(samples / "page.png")), (1200, 900))  # 1,080,000 pixels: over the limit
     _tiff(folder / "docs.tif", samples / "text.png", big, samples / "page.png")  # page 3 is not even sent

@@ -108,6 +108,8 @@ def write_atomic(path: Path, data: bytes) -> None:
 RESULT_SUFFIXES = (".json", ".mask.png", ".txt", ".overlay.jpg")
 ERROR_SUFFIX = ".error.json"
 PAGES_SUFFIX = ".pages"  # a multi-page file's folder of its later pages' outputs (pipeline.pages: all)
+# what _page_outputs names a page's outputs in that folder: the only names _drop_pages removes there
+_PAGE_OUTPUT = re.compile(r"(\d+)(?:\.mask\.png|\.txt|\.overlay\.jpg)")
 _LONGEST_SUFFIX = max(len(s) for s in (*RESULT_SUFFIXES, ERROR_SUFFIX))
 
 
@@ -124,19 +126,19 @@ class Outbox:
     failed image, <rel>.error.json (with a name too long for that cut short: output_rel). The outbox
     holds each name's latest outcome: results or an error.
 
-    With `pages` (pipeline.pages: all), a multi-page file's first page has those outputs, its page k
-    (from 2) them in <rel>.pages/<k>.mask.png (.txt, .overlay.jpg), and its one JSON lists every page;
-    whatever an earlier content under the name left there beyond the new page count is removed."""
+    Under pipeline.pages: all, a multi-page file's first page has those outputs, its page k (from 2)
+    them in <rel>.pages/<k>.mask.png (.txt, .overlay.jpg), and its one JSON lists every page. Whatever
+    an earlier outcome under the name left there beyond the new page count is removed, whichever the
+    setting (a file done under `all`, then under `first`, keeps no masks of pages its JSON no longer lists)."""
 
     def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True, write_yolo_txt: bool = False,
-                 write_overlays: bool = False, write_errors: bool = True, pages: bool = False) -> None:
+                 write_overlays: bool = False, write_errors: bool = True) -> None:
         self.root = root
         self.write_json = write_json
         self.write_masks = write_masks
         self.write_yolo_txt = write_yolo_txt
         self.write_overlays = write_overlays
         self.write_errors = write_errors
-        self.pages = pages
         root.mkdir(parents=True, exist_ok=True)
 
     def _inside(self, rel: str) -> Path:
@@ -178,8 +180,7 @@ class Outbox:
         write_atomic(self._inside(error_rel), json.dumps(document, ensure_ascii=False).encode())
         for suffix in RESULT_SUFFIXES:
             self._inside(out + suffix).unlink(missing_ok=True)
-        if self.pages:
-            self._drop_pages(out, 0)
+        self._drop_pages(out, 0)
         return error_rel
 
     def has_room(self, nbytes: int = ROOM_PROBE_BYTES) -> bool:
@@ -216,22 +217,22 @@ class Outbox:
             write_atomic(self._inside(json_rel), json.dumps(document, ensure_ascii=False).encode())
         if self.write_errors:  # an earlier failure of this name (retried, or dropped again) is over
             self._inside(out + ERROR_SUFFIX).unlink(missing_ok=True)
-        if self.pages:
-            self._drop_pages(out, pages)
+        self._drop_pages(out, pages)
         return None if json_rel is None else as_text(json_rel)
 
     def _drop_pages(self, out: str, keep: int) -> None:
-        """Remove what an earlier content under this name left in <out>.pages/ for its pages past `keep`."""
+        """Remove what an earlier outcome under this name left in <out>.pages/ for its pages past `keep`
+        (one failed lookup for nearly every image: about a microsecond). Only page outputs' names: a
+        folder of inputs that happens to be named so keeps its own outputs."""
         folder = self._inside(out + PAGES_SUFFIX)
         try:
             entries = list(os.scandir(folder))
         except (FileNotFoundError, NotADirectoryError):
             return
         for entry in entries:
-            number = entry.name.split(".", 1)[0]
-            if not number.isdigit() or int(number) > keep:
-                if entry.is_file(follow_symlinks=False) or entry.is_symlink():
-                    os.unlink(entry.path)
+            named = _PAGE_OUTPUT.fullmatch(entry.name)
+            if named is not None and int(named[1]) > keep and not entry.is_dir(follow_symlinks=False):
+                os.unlink(entry.path)
         if keep <= 1:
             with contextlib.suppress(OSError):  # not empty: something of someone else's is in it
                 folder.rmdir()
