@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from worker.errors import DecodeError, ImageTooLarge
-from worker.images import decode, decode_reduced, frames, later_pages
+from worker.images import decode, decode_reduced, file_pages, frames, later_pages, reopenable, tiff_pages
 
 
 def _png(arr: np.ndarray, mode: str | None = None) -> bytes:
@@ -388,6 +388,37 @@ def test_later_pages_give_each_page_as_decode_gives_the_first(tmp_path, monkeypa
     with pytest.raises(DecodeError, match="a TIFF of 32-bit float samples"):
         next(later_pages(buf.getvalue(), "f.tif", 0))
     assert next(later_pages(buf.getvalue(), "f.tif", 0, depth=32))[0, 0].tolist() == [-2.5, -2.5, -2.5]
+
+
+def test_a_tiff_read_from_disk_gives_every_page_as_from_its_bytes(tmp_path, monkeypatch) -> None:
+    """A multi-page TIFF too large to read whole: its pages from the open file (first included) equal
+    decode's first page and later_pages' others, at depth 8 and 16, however they are chunked; even once
+    the file has been renamed away. tiff_pages counts pages of a TIFF only."""
+    import worker.images as images
+
+    rng = np.random.default_rng(5)
+    pages = [rng.integers(0, 256, (40, 60, 3), dtype=np.uint8), rng.integers(0, 256, (30, 20), dtype=np.uint8),
+             rng.integers(0, 256, (5, 7, 3), dtype=np.uint8)]
+    deep = [rng.integers(0, 65536, (8, 9, 3), dtype=np.uint16) for _ in range(3)]
+    for name, written, depth in (("m.tif", pages, 8), ("d.tif", deep, 16), ("d.tif", deep, 8)):
+        path = tmp_path / name
+        assert cv2.imwritemulti(str(path), written)
+        data = path.read_bytes()
+        want = [decode(data, name, 0, depth), *later_pages(data, name, 0, depth)]
+        assert len(want) == 3
+        for chunk in (16, 2):
+            monkeypatch.setattr(images, "PAGE_CHUNK", chunk)
+            with path.open("rb") as f:
+                assert tiff_pages(f) == 3
+                path.rename(tmp_path / "away.tif")  # the open file is read, whatever its name now
+                got = list(file_pages(f, reopenable(f, path), name, 0, depth))
+                (tmp_path / "away.tif").rename(path)
+            assert len(got) == 3 and all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want))
+    with (tmp_path / "m.tif").open("rb") as f:
+        with pytest.raises(ImageTooLarge, match="m.tif: 60x40 pixels is over the limit of 2399"):  # the first page too
+            next(file_pages(f, reopenable(f, tmp_path / "m.tif"), "m.tif", 2399))
+    for other in (_png(pages[0]), b"II*\x00 not a TIFF after all", b""):
+        assert tiff_pages(io.BytesIO(other)) == 0
 
 
 def test_an_animated_webp_decodes_without_opencv_s_error_line(capfd) -> None:

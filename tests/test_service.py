@@ -374,6 +374,77 @@ def test_pages_all_processes_every_page_into_one_outcome(cfg, tmp_path: Path, sa
     assert "pages" not in json.loads((cfg.outbox / "three.tif.json").read_text())
 
 
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
+
+
+def test_a_stack_over_the_byte_limit_is_read_page_by_page_with_the_same_results(cfg, tmp_path: Path,
+                                                                                samples: Path, effnet_onnx: Path) -> None:
+    """A multi-page TIFF bigger than 8 bytes x pipeline.max_pixels (a long microscope stack) whose pages are
+    each within the limit is not refused but read from disk page by page: the same JSON as when it is
+    read whole, under `all` and `first`; no file is left open. A file of one page that size is refused."""
+    folder = tmp_path / "in"
+    photos = [samples / n for n in ("coffee.png", "chelsea.png", "motorcycle_left.png")]
+    stack = _tiff(folder / "stack.tif", *photos, *photos)  # six pages
+    limit = 741 * 500  # the largest page's pixels: 2.96 MB of bytes
+    assert stack.stat().st_size > 8 * limit
+    effnet = dataclasses.replace(cfg, model="efficientnet-lite0")
+
+    def run(pages: str, max_pixels: int, name: str) -> dict:
+        setting = dataclasses.replace(effnet.pipeline, pages=pages, max_pixels=max_pixels)
+        own = dataclasses.replace(effnet, pipeline=setting, outbox=tmp_path / name, db=f"sqlite:///{tmp_path}/{name}.db")
+        figures = run_folder(own, folder).figures
+        assert (figures["done"], figures["failed"]) == (1, 0), figures
+        doc = json.loads((tmp_path / name / "stack.tif.json").read_text())
+        return {k: v for k, v in doc.items() if k != "timings_ms"}
+
+    fds = _open_fds()
+    for pages in ("all", "first"):
+        from_disk, whole = run(pages, limit, f"disk-{pages}"), run(pages, 0, f"whole-{pages}")
+        assert from_disk == whole and from_disk["image"]["pages"] == 6
+    assert "pages" not in whole  # `first`: the first page's labels, no pages list
+    all_pages = json.loads((tmp_path / "disk-all" / "stack.tif.json").read_text())["pages"]
+    assert [p["labels"][0]["name"] for p in all_pages] == ["espresso", "tiger cat", "moped"] * 2
+    assert _open_fds() == fds
+    import numpy as np
+
+    _tiff(folder / "stack.tif", np.random.default_rng(1).integers(0, 256, (300, 300, 3), dtype=np.uint8))
+    setting = dataclasses.replace(effnet.pipeline, pages="all", max_pixels=30_000)  # 240,000 bytes
+    summary = run_folder(dataclasses.replace(effnet, pipeline=setting), folder)
+    assert summary.figures["failed"] == 1
+    error = json.loads((cfg.outbox / "stack.tif.error.json").read_text())["error"]
+    assert "bytes is more than any image within the pixel limit takes" in error
+
+
+def test_a_stack_read_page_by_page_that_changes_meanwhile_fails_naming_why(cfg, tmp_path: Path, samples: Path,
+                                                                            effnet_onnx: Path, monkeypatch) -> None:
+    """Such a file is hashed at its claim and decoded later: another program writing to it in between (here,
+    just as its first page, or its third, is decoded) fails it rather than giving that hash other pixels."""
+    import worker.pipeline as pipeline
+
+    real = pipeline.file_pages
+    when = {"page": 0}
+
+    def written_to_meanwhile(f, path, *args, **kwargs):
+        for k, page in enumerate(real(f, path, *args, **kwargs)):
+            if k == when["page"]:
+                with open(folder / "stack.tif", "ab") as w:
+                    w.write(b"more")
+            yield page
+
+    monkeypatch.setattr(pipeline, "file_pages", written_to_meanwhile)
+    folder = tmp_path / "in"
+    photos = [samples / n for n in ("coffee.png", "chelsea.png", "motorcycle_left.png")]
+    _tiff(folder / "stack.tif", *photos, *photos)
+    for pages, page, said in (("first", 0, ""), ("all", 2, "page 3 of 6: ")):
+        when["page"] = page
+        setting = dataclasses.replace(cfg.pipeline, pages=pages, max_pixels=741 * 500)
+        summary = run_folder(dataclasses.replace(cfg, model="efficientnet-lite0", pipeline=setting), folder)
+        assert summary.figures["failed"] == 1
+        error = json.loads((cfg.outbox / "stack.tif.error.json").read_text())["error"]
+        assert error == said + "changed while its pages were being read; its new content is read anew"
+
+
 def test_pages_all_writes_each_page_s_mask_and_removes_what_an_earlier_content_left(cfg, tmp_path: Path,
                                                                                    samples: Path) -> None:
     """A segmenter's page k mask is <rel>.pages/<k>.mask.png, the same as its picture's alone; a new content

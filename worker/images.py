@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import struct
 import warnings
-from collections.abc import Generator, Iterator
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable
+from pathlib import Path
+from typing import BinaryIO, Callable
 
 import cv2
 import numpy as np
@@ -226,13 +228,19 @@ def _pillow_32bit(data: bytes) -> bool:
         return False
 
 
-@contextlib.contextmanager
-def _opened(data: bytes) -> Iterator[Image.Image]:
+def _opened(data: bytes) -> contextlib.AbstractContextManager[Image.Image]:
     """The file as Pillow opens it (its header read, no pixels), its warnings silenced: the worker checks
     sizes and reports problems itself."""
+    return _opened_file(io.BytesIO(data))
+
+
+@contextlib.contextmanager
+def _opened_file(f: BinaryIO) -> Iterator[Image.Image]:
+    """_opened, from an open file (left open: Pillow closes only the files it opened itself)."""
+    f.seek(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with Image.open(io.BytesIO(data)) as im:
+        with Image.open(f) as im:
             yield im
 
 
@@ -309,11 +317,51 @@ def later_pages(data: bytes, name: str, max_pixels: int, depth: int = 8) -> Gene
     Pillow stays open and steps from one page to the next (seeking page k afresh walks every page before
     it); a TIFF's pages are decoded a few at a time (PAGE_CHUNK) for the same reason."""
     buf = np.frombuffer(data, dtype=np.uint8)
-    flags = cv2.IMREAD_UNCHANGED if depth == 32 else cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if depth == 16 else 0)
+    flags = _page_flags(depth)
+    yield from _pages(_opened(data), lambda start, stop: cv2.imdecodemulti(buf, flags, None, (start, stop)),
+                      1, name, max_pixels, depth)
+
+
+def tiff_pages(f: BinaryIO) -> int:
+    """How many pages the open file holds when it is a TIFF (its page headers read, no pixels); 0 when it
+    is not a TIFF or cannot be opened as one."""
+    f.seek(0)
+    if f.read(4) not in (b"II*\x00", b"MM\x00*"):
+        return 0
     try:
-        with _opened(data) as im:
+        with _opened_file(f) as im:
+            return max(int(getattr(im, "n_frames", 1)), 1) if im.format == "TIFF" else 0
+    except Exception:
+        return 0
+
+
+def file_pages(f: BinaryIO, path: str, name: str, max_pixels: int,
+               depth: int = 8) -> Generator[np.ndarray, None, None]:
+    """Every page of a multi-page TIFF, the first included, read from disk as it is decoded: for a file too
+    large to read whole (a long stack of microscope images). Pillow reads the page headers from `f`, OpenCV
+    decodes from `path`, which names the same file (`reopenable`); each page as later_pages gives it."""
+    flags = _page_flags(depth)
+    yield from _pages(_opened_file(f), lambda start, stop: cv2.imreadmulti(path, start, stop - start, flags=flags),
+                      0, name, max_pixels, depth)
+
+
+def reopenable(f: BinaryIO, path: Path) -> str:
+    """A path that opens the very file `f` has open even if it has been renamed or replaced since (Linux's
+    /proc/self/fd), or, where there is none, its path."""
+    proc = f"/proc/self/fd/{f.fileno()}"
+    return proc if os.path.exists(proc) else str(path)
+
+
+def _page_flags(depth: int) -> int:
+    return cv2.IMREAD_UNCHANGED if depth == 32 else cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if depth == 16 else 0)
+
+
+def _pages(opened: contextlib.AbstractContextManager[Image.Image], decode_tiff: Callable[[int, int], tuple[bool, Sequence[np.ndarray]]],
+           page: int, name: str, max_pixels: int, depth: int) -> Generator[np.ndarray, None, None]:
+    """Pages `page` onwards of the file Pillow has `opened`; a TIFF's decoded by `decode_tiff(start, stop)`."""
+    try:
+        with opened as im:
             count, tiff = max(int(getattr(im, "n_frames", 1)), 1), im.format == "TIFF"
-            page = 1
             while page < count:
                 chunk, pixels = 0, 0
                 while page + chunk < count and chunk < (PAGE_CHUNK if tiff else 1):
@@ -332,7 +380,7 @@ def later_pages(data: bytes, name: str, max_pixels: int, depth: int = 8) -> Gene
                     yield _as_page(np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]), name, depth)
                     page += 1
                     continue
-                ok, mats = cv2.imdecodemulti(buf, flags, None, (page, page + chunk))
+                ok, mats = decode_tiff(page, page + chunk)
                 if not ok or len(mats) != chunk:
                     raise DecodeError(name, "cannot decode (OpenCV read no image there)")
                 for img in mats:

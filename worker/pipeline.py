@@ -24,9 +24,10 @@ import stat
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, BinaryIO, Callable, Literal
 
 import cv2
 import numpy as np
@@ -36,7 +37,8 @@ from worker.batcher import Batcher
 from worker.engine import Engine
 from worker.errors import ImageError, ImageTooLarge, InputGone, OutboxFull, WorkerError
 from worker.gpu import GpuMemory
-from worker.images import decode, decode_reduced, frames, later_pages
+from worker.images import (decode, decode_reduced, file_pages, frames, later_pages, reopenable,
+                           tiff_pages)
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.models.card import ModelCard, accepted_digests
@@ -57,7 +59,7 @@ CLAIM_AHEAD = 4
 CLAIM_AHEAD_BYTES = 64 << 20
 # a file bigger than this many bytes per allowed pixel (16-bit RGBA, uncompressed; twice that for a card
 # of depth 32, whose files may hold 32-bit samples) is refused unread: reading it whole would cost its
-# size in memory on each decode thread
+# size in memory on each decode thread. A TIFF of several pages is not read whole but page by page.
 MAX_BYTES_PER_PIXEL = 8
 # the constructor waits at most this long for its threads' warm-ups, all together (a slow GPU's first
 # call on a thread can take seconds); past it intake starts anyway
@@ -119,6 +121,10 @@ class _Item:
     geometry: Geometry | None = None
     output: np.ndarray | None = None
     data: bytes | None = None  # the file's bytes, from reading to decoding
+    # a multi-page TIFF over the byte limit, not read whole: the file, open from its claim until its
+    # pages are decoded (release() closes it), and its pages as they are decoded from disk
+    source: BinaryIO | None = None
+    rest: Generator[np.ndarray, None, None] | None = None
     identity: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of the file as it was read
     committed: Commit | None = None  # set once the claim's transaction has ended
     error: str | None = None
@@ -131,6 +137,20 @@ class _Item:
     page: int = 0  # which of them this item is (0: the first; with all_pages the others follow it as items)
     book: "_Book | None" = None  # with all_pages, a multi-page file's: shared by its pages' items
 
+    @property
+    def held(self) -> int:
+        """Bytes of the file held in memory between claim and decode."""
+        return len(self.data) if self.data is not None else 0
+
+    def release(self) -> None:
+        """Close what a file read page by page keeps open (a no-op for any other)."""
+        if self.rest is not None:
+            self.rest.close()
+            self.rest = None
+        if self.source is not None:
+            self.source.close()
+            self.source = None
+
 
 @dataclass
 class _Book:
@@ -142,6 +162,8 @@ class _Book:
     pages: int
     data: bytes | None  # the file's bytes, until every page is decoded
     expected: int  # items the finish thread waits for: `pages`, fewer once a page has failed
+    source: BinaryIO | None = None  # or, for a file read page by page (_Item.source), the file
+    rest: Generator[np.ndarray, None, None] | None = None  # and its pages after the first
     arrived: int = 0
     first: _Item | None = None  # page 0's item: the job, its claim, its first page's result
     first_result: Result | None = None
@@ -340,7 +362,7 @@ class Pipeline:
         while ahead or not stopping:
             # claim the jobs that are waiting (up to CLAIM_AHEAD, and 64 MiB) before decoding the oldest:
             # their claims then share one transaction; block for a job only when nothing is claimed
-            while not stopping and len(ahead) < CLAIM_AHEAD and sum(i.size for i in ahead) < CLAIM_AHEAD_BYTES:
+            while not stopping and len(ahead) < CLAIM_AHEAD and sum(i.held for i in ahead) < CLAIM_AHEAD_BYTES:
                 if not self._outbox_room.is_set():
                     if ahead:
                         break  # decode what is claimed first
@@ -374,6 +396,7 @@ class Pipeline:
         except Exception as e:  # a bug or an OS error on one image: record it, keep going
             log.exception("prepare %s", item.job.key)
             item.error = f"{type(e).__name__}: {e}"
+        item.release()
         self._inferred.put(item)
         return None
 
@@ -395,7 +418,8 @@ class Pipeline:
                 st = os.fstat(f.fileno())
                 if not stat.S_ISREG(st.st_mode):
                     raise ImageError(job.key, f"not a regular file ({_file_kind(st.st_mode)}): left unread")
-                if self.settings.max_pixels and st.st_size > self._bytes_per_pixel * self.settings.max_pixels:
+                over = bool(self.settings.max_pixels) and st.st_size > self._bytes_per_pixel * self.settings.max_pixels
+                if over and (pages := tiff_pages(f)) < 2:  # a TIFF of several pages is read page by page instead
                     raise ImageTooLarge(job.key, f"{st.st_size} bytes is more than any image within the pixel "
                                                  f"limit takes ({self._bytes_per_pixel} bytes x pipeline.max_pixels)")
                 item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -403,7 +427,12 @@ class Pipeline:
                 if stamp is not None and not self.settings.replay and self._done_as_read(job.key, st.st_size, stamp):
                     item.skipped = item.unread = True
                     return False
-                item.data = f.read()
+                if over:
+                    f.seek(0)
+                    item.sha256, item.size, item.pages = hashlib.file_digest(f, "sha256").hexdigest(), st.st_size, pages
+                    item.source = os.fdopen(os.dup(f.fileno()), "rb")  # open until its pages are decoded
+                else:
+                    item.data = f.read()
         except FileNotFoundError:
             if self._archived_already(job):
                 item.skipped = True  # replaced while queued: the job before it read and archived this content
@@ -411,12 +440,14 @@ class Pipeline:
             raise InputGone(job.key, "file disappeared before it could be read") from None
         except (PermissionError, IsADirectoryError, OSError) as e:
             raise InputGone(job.key, f"cannot read file: {e.strerror or e}") from None
-        item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
+        if item.data is not None:
+            item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
         known = None if self.settings.replay else self._ledger.check(job.key, item.sha256)
         redo = self.settings.replay
         if known is not None and known.status == JobStatus.DONE.value:
             # done under the other pipeline.pages setting: the same result for a file of one page
-            if self._same_model(known) or (self._same_model(known, self._one_page_digests) and frames(item.data) == 1):
+            if self._same_model(known) or (self._same_model(known, self._one_page_digests) and item.source is None
+                                           and frames(item.data or b"") == 1):
                 item.skipped, item.data = True, None
                 if stamp is not None:  # read under a new stamp (touched, or done before stamps): note it
                     self.recorder.put(Restamped(job.key, item.sha256, stamp))
@@ -445,7 +476,7 @@ class Pipeline:
 
     def _decode(self, item: _Item) -> bool:
         job, data = item.job, item.data
-        assert data is not None and item.committed is not None
+        assert (data is not None or item.source is not None) and item.committed is not None
         item.data = None
         if not item.committed.is_set():
             self.recorder.hurry()  # nothing else to do here: no point in the recorder gathering more
@@ -458,17 +489,25 @@ class Pipeline:
             return False
         t0 = time.perf_counter()
         item.timings["queue_wait_ms"] = (t0 - job.enqueued_at) * 1000
-        if self.settings.jpeg_reduce and not self.settings.keep_image:
-            image, orig_hw = decode_reduced(data, job.key, self.settings.max_pixels, self._needed, self._depth)
-        else:
-            image = decode(data, job.key, self.settings.max_pixels, self._depth)
+        if item.source is not None:
+            image, pages = self._first_page_from_disk(item), item.pages
             orig_hw = (image.shape[0], image.shape[1])
-        if (pages := frames(data)) > 1:
+        else:
+            assert data is not None
+            if self.settings.jpeg_reduce and not self.settings.keep_image:
+                image, orig_hw = decode_reduced(data, job.key, self.settings.max_pixels, self._needed, self._depth)
+            else:
+                image = decode(data, job.key, self.settings.max_pixels, self._depth)
+                orig_hw = (image.shape[0], image.shape[1])
+            pages = frames(data)
+        if pages > 1:
             item.pages = pages
             if self.settings.all_pages:
-                item.book = _Book(pages=pages, data=data, expected=pages)
+                item.book = _Book(pages=pages, data=data, expected=pages, source=item.source, rest=item.rest)
+                item.source = item.rest = None  # the book's now: _send_pages closes them
             else:
                 log.warning("%s: %d pages (or frames); only the first is processed", job.key, pages)
+        item.release()
         t1 = time.perf_counter()
         item.tensor, item.geometry = self.adapter.preprocess(image)
         if orig_hw != image.shape[:2]:
@@ -479,13 +518,30 @@ class Pipeline:
         item.timings.update(decode_ms=(t1 - t0) * 1000, preprocess_ms=(t2 - t1) * 1000)
         return True
 
+    def _first_page_from_disk(self, item: _Item) -> np.ndarray:
+        """The first page of a multi-page TIFF too large to read whole; its others follow in item.rest."""
+        assert item.source is not None
+        item.rest = file_pages(item.source, reopenable(item.source, item.job.path), item.job.key,
+                               self.settings.max_pixels, self._depth)
+        image = next(item.rest)  # a TIFF of two pages or more (_claim)
+        self._unchanged(item.job, item.source, item.identity)
+        return image
+
+    @staticmethod
+    def _unchanged(job: Job, source: BinaryIO, identity: tuple[int, int, int] | None) -> None:
+        """A file read page by page was hashed at its claim: if it has changed since, its pages are not
+        that content's (a new content under the name comes as a job of its own)."""
+        st = os.fstat(source.fileno())
+        if identity is not None and (st.st_size, st.st_mtime_ns) != identity[1:]:
+            raise ImageError(job.key, "changed while its pages were being read; its new content is read anew")
+
     def _send_pages(self, first: _Item) -> None:
         """Decode and preprocess a multi-page file's other pages in order, each into the queue after its
         first (a full queue holds this thread: a file of a thousand pages is never all in memory). After a
         page that fails, the rest are not sent: the file fails naming that page."""
         book = first.book
-        assert book is not None and book.data is not None
-        pages = later_pages(book.data, first.job.key, self.settings.max_pixels, self._depth)
+        assert book is not None and (book.data is not None or book.rest is not None)
+        pages = book.rest or later_pages(book.data or b"", first.job.key, self.settings.max_pixels, self._depth)
         try:
             for page in range(1, book.pages):
                 part = _Item(first.job, sha256=first.sha256, size=first.size, pages=book.pages, page=page, book=book)
@@ -494,6 +550,8 @@ class Pipeline:
                     image = next(pages, None)
                     if image is None:
                         raise ImageError(first.job.key, "not in the file (it ended early)")
+                    if book.source is not None:
+                        self._unchanged(first.job, book.source, first.identity)
                     t1 = time.perf_counter()
                     part.tensor, part.geometry = self.adapter.preprocess(image)
                     if self.settings.keep_image:
@@ -509,7 +567,9 @@ class Pipeline:
                 self._prepared.put(part)
         finally:
             pages.close()
-            book.data = None
+            if book.source is not None:
+                book.source.close()
+            book.data, book.rest, book.source = None, None, None
 
     # -- stage 2: micro-batch and run the one shared session --------------------------------
     def _infer_loop(self) -> None:
