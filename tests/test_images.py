@@ -421,6 +421,62 @@ def test_a_tiff_read_from_disk_gives_every_page_as_from_its_bytes(tmp_path, monk
         assert tiff_pages(io.BytesIO(other)) == 0
 
 
+def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False) -> bytes:
+    """An uncompressed TIFF (classic, or BigTIFF) of 8-bit gray pages, each page's pixels then its directory;
+    with `loop`, the last directory's next is the first again (a malformed chain)."""
+    import struct
+
+    count_fmt, entry_fmt, offset_fmt = ("Q", "HHQQ", "Q") if big else ("H", "HHII", "I")
+    out = bytearray(b"II" + (struct.pack("<HHHQ", 43, 8, 0, 0) if big else struct.pack("<HI", 42, 0)))
+    link, first = len(out) - struct.calcsize(offset_fmt), 0
+    for page in pages:
+        pixels = len(out)
+        out += page.tobytes()
+        h, w = page.shape
+        tags = [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, pixels), (277, 3, 1),
+                (278, 4, h), (279, 4, w * h)]
+        at = len(out)
+        first = first or at
+        struct.pack_into("<" + offset_fmt, out, link, at)
+        out += struct.pack("<" + count_fmt, len(tags))
+        out += b"".join(struct.pack("<" + entry_fmt, tag, kind, 1, value) for tag, kind, value in tags)
+        link = len(out)
+        out += struct.pack("<" + offset_fmt, 0)
+    if loop:
+        struct.pack_into("<" + offset_fmt, out, link, first)
+    return bytes(out)
+
+
+def test_a_tiff_s_pages_are_counted_from_its_directories_classic_or_big_and_colour_float(tmp_path) -> None:
+    """Pages are counted from the TIFF's own chain of directories: a BigTIFF's (a stack over 4 GB is one),
+    a colour TIFF of float samples (which Pillow cannot open: it was taken for one page and its others
+    dropped without a word), a chain that loops or is cut short (the pages before the fault)."""
+    rng = np.random.default_rng(9)
+    gray = [rng.integers(0, 256, (5 + k, 7), dtype=np.uint8) for k in range(3)]
+    for big in (False, True):
+        data = _gray_tiff(gray, big=big)
+        assert frames(data) == 3, big
+        got = list(later_pages(data, "g.tif", 0))
+        assert all(np.array_equal(g, np.repeat(w[:, :, None], 3, axis=2)) for g, w in zip(got, gray[1:])) and len(got) == 2
+        (tmp_path / "g.tif").write_bytes(data)
+        with (tmp_path / "g.tif").open("rb") as f:
+            assert tiff_pages(f) == 3 and len(list(file_pages(f, reopenable(f, tmp_path / "g.tif"), "g", 0))) == 3
+    assert frames(_gray_tiff(gray, loop=True)) == 3
+    whole = _gray_tiff(gray)
+    assert frames(whole[:-10]) == 2  # the last directory cut short
+
+    floats = [rng.random((6, 8, 3), dtype=np.float32) - 0.5 for _ in range(3)]
+    assert cv2.imwritemulti(str(tmp_path / "f.tif"), floats, [cv2.IMWRITE_TIFF_COMPRESSION, 1])  # not LogLuv
+    data = (tmp_path / "f.tif").read_bytes()
+    with pytest.raises(Exception):  # noqa: B017, PT011: whatever Pillow says, it does not open it
+        Image.open(io.BytesIO(data))
+    assert frames(data) == 3 and np.array_equal(decode(data, "f.tif", 0, 32), floats[0])
+    got = list(later_pages(data, "f.tif", 0, 32))
+    assert len(got) == 2 and all(np.array_equal(g, w) for g, w in zip(got, floats[1:]))
+    with pytest.raises(DecodeError, match="f.tif: a TIFF of 32-bit float samples"):
+        next(later_pages(data, "f.tif", 0))
+
+
 def test_an_animated_webp_decodes_without_opencv_s_error_line(capfd) -> None:
     """OpenCV refuses an animated WebP and prints `[ERROR:0@...] ... does not support animated webp images`
     to stderr, once per file, into a service's log: such a file goes to Pillow first, its first frame."""

@@ -138,23 +138,64 @@ _WIDTH, _LENGTH, _BITS, _FORMAT = 256, 257, 258, 339  # TIFF tags: ImageWidth, I
 def _tiff_fields(data: bytes) -> dict[int, int]:
     """The first value of each of the tags above in a TIFF's first directory ({} for any other file, or
     one cut short: decoding says what is wrong with it)."""
-    order = {b"II*\x00": "<", b"MM\x00*": ">"}.get(data[:4])
-    found: dict[int, int] = {}
-    if order is None:
-        return found
+    directories = _tiff_directories(_reader(data), 1)
+    return directories[0] if directories else {}
+
+
+def _reader(data: bytes) -> Callable[[int, int], bytes]:
+    view = memoryview(data)
+    return lambda at, n: bytes(view[at:at + n])
+
+
+def _file_reader(f: BinaryIO) -> Callable[[int, int], bytes]:
+    def read_at(at: int, n: int) -> bytes:
+        f.seek(at)
+        return f.read(n)
+    return read_at
+
+
+# a TIFF's pages counted by walking its directories stop here (each costs a read): far past any real stack
+MAX_TIFF_PAGES = 1_000_000
+
+
+def _tiff_directories(read_at: Callable[[int, int], bytes], limit: int = MAX_TIFF_PAGES) -> list[dict[int, int]]:
+    """Each page's directory of a TIFF (classic or BigTIFF), in the order of the file's chain of them, as
+    the first value of each of the tags above; [] for any other file or a first directory cut short. The
+    walk ends at a directory cut short or seen before (a loop). Read from the file's directories alone:
+    Pillow cannot open a colour TIFF of float samples, whose pages are counted all the same."""
+    head = read_at(0, 16)
+    order = {b"II": "<", b"MM": ">"}.get(head[:2])
+    if order is None or len(head) < 8:
+        return []
+    (magic,) = struct.unpack_from(order + "H", head, 2)
+    if magic == 42:  # classic: 2-byte entry counts, 12-byte entries, 4-byte offsets
+        count_fmt, entry_fmt, offset_fmt, (at,) = "H", "HHI4s", "I", struct.unpack_from(order + "I", head, 4)
+    elif magic == 43 and len(head) == 16:  # BigTIFF: 8-byte counts and offsets, 20-byte entries
+        count_fmt, entry_fmt, offset_fmt, (at,) = "Q", "HHQ8s", "Q", struct.unpack_from(order + "Q", head, 8)
+    else:
+        return []
+    count_size, entry_size, offset_size = (struct.calcsize(order + f) for f in (count_fmt, entry_fmt, offset_fmt))
+    directories: list[dict[int, int]] = []
+    seen: set[int] = set()
     try:
-        (at,) = struct.unpack_from(order + "I", data, 4)
-        (entries,) = struct.unpack_from(order + "H", data, at)
-        for k in range(entries):
-            tag, kind, count, value = struct.unpack_from(order + "HHI4s", data, at + 2 + 12 * k)
-            if tag not in (_WIDTH, _LENGTH, _BITS, _FORMAT) or kind not in (3, 4):  # SHORT, LONG
-                continue
-            if count * (2 if kind == 3 else 4) > 4:  # the values did not fit in the entry: it holds their offset
-                value = data[struct.unpack(order + "I", value)[0]:][:4]
-            found[tag] = struct.unpack_from(order + ("H" if kind == 3 else "I"), value)[0]
-    except struct.error:
-        return {}
-    return found
+        while at and at not in seen and len(directories) < limit:
+            seen.add(at)
+            (entries,) = struct.unpack(order + count_fmt, read_at(at, count_size))
+            raw = read_at(at + count_size, entries * entry_size + offset_size)
+            found: dict[int, int] = {}
+            for k in range(entries):
+                tag, kind, count, value = struct.unpack_from(order + entry_fmt, raw, k * entry_size)
+                if tag not in (_WIDTH, _LENGTH, _BITS, _FORMAT) or kind not in (3, 4):  # SHORT, LONG
+                    continue
+                size = 2 if kind == 3 else 4
+                if count * size > len(value):  # the values did not fit in the entry: it holds their offset
+                    value = read_at(struct.unpack(order + offset_fmt, value)[0], size)
+                found[tag] = struct.unpack_from(order + ("H" if kind == 3 else "I"), value)[0]
+            directories.append(found)
+            (at,) = struct.unpack_from(order + offset_fmt, raw, entries * entry_size)
+    except struct.error:  # cut short: the pages before it stand
+        pass
+    return directories
 
 
 def tiff_32bit(data: bytes) -> str | None:
@@ -294,6 +335,8 @@ def frames(data: bytes) -> int:
         return 1
     if data[:8] == PNG_SIGNATURE and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) < 0:
         return 1
+    if data[:4] in _TIFF_MAGIC:
+        return max(len(_tiff_directories(_reader(data))), 1)
     try:
         with _opened(data) as im:
             return max(int(getattr(im, "n_frames", 1)), 1)
@@ -314,35 +357,36 @@ def later_pages(data: bytes, name: str, max_pixels: int, depth: int = 8) -> Gene
     and a page of 32-bit samples is refused unless `depth` is 32. Raises DecodeError or ImageTooLarge
     for the page that would come next, whose reason does not say which page (the caller counts).
 
-    Pillow stays open and steps from one page to the next (seeking page k afresh walks every page before
-    it); a TIFF's pages are decoded a few at a time (PAGE_CHUNK) for the same reason."""
+    A TIFF's pages are decoded a few at a time (PAGE_CHUNK): libtiff finds page k by walking the pages
+    before it. Pillow stays open and steps from one frame to the next, for the same reason."""
+    if data[:4] not in _TIFF_MAGIC:
+        yield from _frames_after_first(data, name, max_pixels, depth)
+        return
     buf = np.frombuffer(data, dtype=np.uint8)
     flags = _page_flags(depth)
-    yield from _pages(_opened(data), lambda start, stop: cv2.imdecodemulti(buf, flags, None, (start, stop)),
-                      1, name, max_pixels, depth)
+    yield from _tiff_pages(_tiff_directories(_reader(data)),
+                           lambda start, stop: cv2.imdecodemulti(buf, flags, None, (start, stop)),
+                           1, name, max_pixels, depth)
+
+
+_TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, either byte order
 
 
 def tiff_pages(f: BinaryIO) -> int:
-    """How many pages the open file holds when it is a TIFF (its page headers read, no pixels); 0 when it
-    is not a TIFF or cannot be opened as one."""
-    f.seek(0)
-    if f.read(4) not in (b"II*\x00", b"MM\x00*"):
-        return 0
-    try:
-        with _opened_file(f) as im:
-            return max(int(getattr(im, "n_frames", 1)), 1) if im.format == "TIFF" else 0
-    except Exception:
-        return 0
+    """How many pages the open file holds when it is a TIFF (its directories read, no pixels); 0 when it
+    is not a TIFF."""
+    return len(_tiff_directories(_file_reader(f)))
 
 
 def file_pages(f: BinaryIO, path: str, name: str, max_pixels: int,
                depth: int = 8) -> Generator[np.ndarray, None, None]:
     """Every page of a multi-page TIFF, the first included, read from disk as it is decoded: for a file too
-    large to read whole (a long stack of microscope images). Pillow reads the page headers from `f`, OpenCV
+    large to read whole (a long stack of microscope images). Its directories are read from `f`, OpenCV
     decodes from `path`, which names the same file (`reopenable`); each page as later_pages gives it."""
     flags = _page_flags(depth)
-    yield from _pages(_opened_file(f), lambda start, stop: cv2.imreadmulti(path, start, stop - start, flags=flags),
-                      0, name, max_pixels, depth)
+    yield from _tiff_pages(_tiff_directories(_file_reader(f)),
+                           lambda start, stop: cv2.imreadmulti(path, start, stop - start, flags=flags),
+                           0, name, max_pixels, depth)
 
 
 def reopenable(f: BinaryIO, path: Path) -> str:
@@ -356,36 +400,53 @@ def _page_flags(depth: int) -> int:
     return cv2.IMREAD_UNCHANGED if depth == 32 else cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if depth == 16 else 0)
 
 
-def _pages(opened: contextlib.AbstractContextManager[Image.Image], decode_tiff: Callable[[int, int], tuple[bool, Sequence[np.ndarray]]],
-           page: int, name: str, max_pixels: int, depth: int) -> Generator[np.ndarray, None, None]:
-    """Pages `page` onwards of the file Pillow has `opened`; a TIFF's decoded by `decode_tiff(start, stop)`."""
+def _tiff_pages(directories: list[dict[int, int]], decode_tiff: Callable[[int, int], tuple[bool, Sequence[np.ndarray]]],
+                page: int, name: str, max_pixels: int, depth: int) -> Generator[np.ndarray, None, None]:
+    """A TIFF's pages `page` onwards, checked from their `directories`, decoded by `decode_tiff(start, stop)`."""
+    count = len(directories)
     try:
-        with opened as im:
-            count, tiff = max(int(getattr(im, "n_frames", 1)), 1), im.format == "TIFF"
-            while page < count:
-                chunk, pixels = 0, 0
-                while page + chunk < count and chunk < (PAGE_CHUNK if tiff else 1):
-                    im.seek(page + chunk)  # onwards from where it is: no walk from the first page
-                    w, h = im.size
-                    if chunk and pixels + w * h > PAGE_CHUNK_PIXELS:
+        while page < count:
+            chunk, pixels = 0, 0
+            while page + chunk < count and chunk < PAGE_CHUNK:
+                fields = directories[page + chunk]
+                w, h = fields.get(_WIDTH, 0), fields.get(_LENGTH, 0)
+                if chunk and pixels + w * h > PAGE_CHUNK_PIXELS:
+                    break
+                try:
+                    _check_tiff_page(fields, name, max_pixels, depth)
+                except (DecodeError, ImageTooLarge):
+                    if chunk:  # the pages before it first: then it is the next, and says so
                         break
-                    try:
-                        _check_page(im, name, max_pixels, depth)
-                    except (DecodeError, ImageTooLarge):
-                        if chunk:  # the pages before it first: then it is the next, and says so
-                            break
-                        raise
-                    chunk, pixels = chunk + 1, pixels + w * h
-                if not tiff:
-                    yield _as_page(np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]), name, depth)
-                    page += 1
-                    continue
-                ok, mats = decode_tiff(page, page + chunk)
-                if not ok or len(mats) != chunk:
-                    raise DecodeError(name, "cannot decode (OpenCV read no image there)")
-                for img in mats:
-                    yield _as_page(img, name, depth)
-                page += chunk
+                    raise
+                chunk, pixels = chunk + 1, pixels + w * h
+            ok, mats = decode_tiff(page, page + chunk)
+            if not ok or len(mats) != chunk:
+                raise DecodeError(name, "cannot decode (OpenCV read no image there)")
+            for img in mats:
+                yield _as_page(img, name, depth)
+            page += chunk
+    except (DecodeError, ImageTooLarge):
+        raise
+    except Exception as e:
+        raise DecodeError(name, f"cannot decode ({type(e).__name__}: {e})") from None
+
+
+def _check_tiff_page(fields: dict[int, int], name: str, max_pixels: int, depth: int) -> None:
+    if depth != 32 and fields.get(_BITS) == 32:
+        raise DecodeError(name, _not_pixels("TIFF", "float" if fields.get(_FORMAT) == 3 else "integer"))
+    if not (fields.get(_WIDTH) and fields.get(_LENGTH)):
+        raise DecodeError(name, "a page whose directory gives no size")
+    _check_pixels(fields[_WIDTH], fields[_LENGTH], name, max_pixels)
+
+
+def _frames_after_first(data: bytes, name: str, max_pixels: int, depth: int) -> Generator[np.ndarray, None, None]:
+    """A GIF's, WebP's or PNG's frames after the first, as Pillow composes them."""
+    try:
+        with _opened(data) as im:
+            for page in range(1, max(int(getattr(im, "n_frames", 1)), 1)):
+                im.seek(page)  # onwards from where it is
+                _check_page(im, name, max_pixels, depth)
+                yield _as_page(np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]), name, depth)
     except (DecodeError, ImageTooLarge):
         raise
     except Exception as e:
