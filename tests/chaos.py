@@ -3,11 +3,12 @@ renamed into place, half written in place in three chunks), then one watch to th
 input must end with exactly one row, one complete outcome and one archived copy (tests/test_crash.py's
 checks, at a scale too slow for the suite).
 
-    python tests/chaos.py WORK_DIR ROUNDS IMAGES [--pages]   # e.g. /tmp/chaos 60 2000 (about 2 minutes here)
+    python tests/chaos.py WORK_DIR ROUNDS IMAGES [--pages | --stacks]   # e.g. /tmp/chaos 60 2000 (about 2 minutes here)
 
 WORK_DIR must not exist; it keeps the inbox, outbox, archive and database for a look afterwards.
 --pages: every tenth image becomes a 3-page TIFF and the watcher runs with `pipeline.pages: all`; each
-such input's one JSON must list its three pages."""
+such input's one JSON must list its three pages. --stacks: the same, the TIFFs uncompressed and over the byte
+limit (8 bytes x pipeline.max_pixels, set to the JPEGs' 48,000 pixels), so that each is read page by page."""
 
 from __future__ import annotations
 
@@ -56,7 +57,11 @@ def produce(src: Path, inbox: Path, rels: list[str], rng: random.Random) -> None
         time.sleep(rng.uniform(0, 0.03))
 
 
-def as_stacks(src: Path, rels: list[str]) -> list[str]:
+# with --stacks: each image's pixels at most (the corpus's crops are 240x200 at most), 384,000 bytes a file
+STACK_MAX_PIXELS = 48_000
+
+
+def as_stacks(src: Path, rels: list[str], uncompressed: bool = False) -> list[str]:
     """Every tenth JPEG replaced by a 3-page TIFF of it and its two neighbours (distinct content each)."""
     import cv2
 
@@ -67,20 +72,24 @@ def as_stacks(src: Path, rels: list[str]) -> list[str]:
             continue
         pages = [cv2.imread(str(src / r)) for r in (rel, rels[i + 1], rels[i + 2])]
         tif = rel.replace(".jpg", ".tif")
-        assert cv2.imwritemulti(str(src / tif), pages)
+        assert cv2.imwritemulti(str(src / tif), pages, [cv2.IMWRITE_TIFF_COMPRESSION, 1] if uncompressed else [])
+        assert not uncompressed or (src / tif).stat().st_size > 8 * STACK_MAX_PIXELS
         (src / rel).unlink()
         out.append(tif)
     return out
 
 
-def main(tmp: Path, rounds: int, n: int, pages: bool = False) -> None:
+def main(tmp: Path, rounds: int, n: int, pages: bool = False, stacks: bool = False) -> None:
     tmp.mkdir(parents=True)
     rels = make_corpus(tmp / "src", CACHE / "samples", n=n, bad=10)
+    pages = pages or stacks
     if pages:
-        rels = as_stacks(tmp / "src", rels)
+        rels = as_stacks(tmp / "src", rels, uncompressed=stacks)
     conf = write_config(tmp)
     if pages:
-        conf.write_text(conf.read_text().replace("pipeline: {max_attempts: 10}", "pipeline: {max_attempts: 10, pages: all}"))
+        limit = f", max_pixels: {STACK_MAX_PIXELS}" if stacks else ""
+        conf.write_text(conf.read_text().replace("pipeline: {max_attempts: 10}",
+                                                 f"pipeline: {{max_attempts: 10, pages: all{limit}}}"))
     (tmp / "inbox").mkdir()
     producer = threading.Thread(target=produce, args=(tmp / "src", tmp / "inbox", rels, random.Random(5)))
     producer.start()
@@ -105,11 +114,11 @@ def main(tmp: Path, rounds: int, n: int, pages: bool = False) -> None:
     if pages:
         import json
 
-        stacks = [r for r in rels if r.endswith(".tif")]
-        assert all(len(json.loads((tmp / "outbox" / f"{r}.json").read_text())["pages"]) == 3 for r in stacks)
-        print(len(stacks), "3-page TIFFs, each one JSON of 3 pages")
+        tiffs = [r for r in rels if r.endswith(".tif")]
+        assert all(len(json.loads((tmp / "outbox" / f"{r}.json").read_text())["pages"]) == 3 for r in tiffs)
+        print(len(tiffs), "3-page TIFFs, each one JSON of 3 pages" + (", each read page by page" if stacks else ""))
     print("OK: every input once, complete and archived")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), "--pages" in sys.argv[4:])
+    main(Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), "--pages" in sys.argv[4:], "--stacks" in sys.argv[4:])
