@@ -462,6 +462,10 @@ def test_a_tiff_s_pages_are_counted_from_its_directories_classic_or_big_and_colo
         with (tmp_path / "g.tif").open("rb") as f:
             assert tiff_pages(f) == 3 and len(list(file_pages(f, reopenable(f, tmp_path / "g.tif"), "g", 0))) == 3
     assert frames(_gray_tiff(gray, loop=True)) == 3
+    big = bytearray(_gray_tiff(gray, big=True))
+    at = int.from_bytes(big[8:16], "little")  # the first directory's offset, where its count of entries is
+    big[at:at + 8] = (1 << 40).to_bytes(8, "little")  # a count no directory has: not read, the end
+    assert frames(bytes(big)) == 1 and tiff_pages(io.BytesIO(bytes(big))) == 0
     whole = _gray_tiff(gray)
     assert frames(whole[:-10]) == 2  # the last directory cut short
 

@@ -156,6 +156,9 @@ def _file_reader(f: BinaryIO) -> Callable[[int, int], bytes]:
 
 # a TIFF's pages counted by walking its directories stop here (each costs a read): far past any real stack
 MAX_TIFF_PAGES = 1_000_000
+# a directory of more entries than a classic TIFF's can hold is taken as the end of the chain (a BigTIFF's
+# 8-byte count could otherwise ask for a read of the whole file); real ones hold a few dozen
+MAX_TIFF_ENTRIES = 0xFFFF
 
 
 def _tiff_directories(read_at: Callable[[int, int], bytes], limit: int = MAX_TIFF_PAGES) -> list[dict[int, int]]:
@@ -181,6 +184,8 @@ def _tiff_directories(read_at: Callable[[int, int], bytes], limit: int = MAX_TIF
         while at and at not in seen and len(directories) < limit:
             seen.add(at)
             (entries,) = struct.unpack(order + count_fmt, read_at(at, count_size))
+            if entries > MAX_TIFF_ENTRIES:
+                break
             raw = read_at(at + count_size, entries * entry_size + offset_size)
             found: dict[int, int] = {}
             for k in range(entries):
@@ -269,19 +274,13 @@ def _pillow_32bit(data: bytes) -> bool:
         return False
 
 
-def _opened(data: bytes) -> contextlib.AbstractContextManager[Image.Image]:
+@contextlib.contextmanager
+def _opened(data: bytes) -> Iterator[Image.Image]:
     """The file as Pillow opens it (its header read, no pixels), its warnings silenced: the worker checks
     sizes and reports problems itself."""
-    return _opened_file(io.BytesIO(data))
-
-
-@contextlib.contextmanager
-def _opened_file(f: BinaryIO) -> Iterator[Image.Image]:
-    """_opened, from an open file (left open: Pillow closes only the files it opened itself)."""
-    f.seek(0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with Image.open(f) as im:
+        with Image.open(io.BytesIO(data)) as im:
             yield im
 
 
