@@ -445,7 +445,7 @@ def _frames_after_first(data: bytes, name: str, max_pixels: int, depth: int) -> 
             for page in range(1, max(int(getattr(im, "n_frames", 1)), 1)):
                 im.seek(page)  # onwards from where it is
                 _check_page(im, name, max_pixels, depth)
-                yield _as_page(np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1]), name, depth)
+                yield _as_page(_bgr(im), name, depth)
     except (DecodeError, ImageTooLarge):
         raise
     except Exception as e:
@@ -543,9 +543,13 @@ def _decode_with_pillow(data: bytes, name: str, convert: bool = True) -> np.ndar
             opened.seek(0)  # multi-frame (GIF, TIFF): the first frame
             if not convert:
                 return np.asarray(ImageOps.exif_transpose(opened))
-            rgb = np.asarray(ImageOps.exif_transpose(opened).convert("RGB"))
+            return _bgr(ImageOps.exif_transpose(opened))
     except UnidentifiedImageError:
         raise DecodeError(name, "not an image (unknown or corrupt format)") from None
     except Exception as e:
         raise DecodeError(name, f"cannot decode ({type(e).__name__}: {e})") from None
-    return np.ascontiguousarray(rgb[:, :, ::-1])
+
+
+def _bgr(im: Image.Image) -> np.ndarray:
+    """A Pillow image (any mode, a frame as composed) as BGR (H, W, 3) uint8."""
+    return np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1])
