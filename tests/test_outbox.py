@@ -46,8 +46,9 @@ def test_each_name_holds_its_latest_outcome_results_or_an_error(tmp_path: Path) 
 
 def test_a_page_folder_keeps_only_the_pages_the_latest_outcome_has_and_whatever_is_not_a_page_s(tmp_path: Path) -> None:
     """<rel>.pages/ holds page k's outputs (k from 2); a later outcome of fewer pages, or one page, or a
-    failure, removes those past it. An input folder that happens to share the name keeps its outputs."""
-    box = Outbox(tmp_path / "out", write_yolo_txt=True)
+    failure, removes those past it: under pipeline.pages: all always, under `first` for a file of several
+    pages (one page costs no lookup there). An input folder that happens to share the name keeps its outputs."""
+    box, first = Outbox(tmp_path / "out", write_yolo_txt=True, pages=True), Outbox(tmp_path / "out")
     mask = Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9)
     for page in (1, 2, 3):
         box.write_page("s.tif", page, mask)
@@ -59,13 +60,19 @@ def test_a_page_folder_keeps_only_the_pages_the_latest_outcome_has_and_whatever_
     assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", "3.mask.png", "4.mask.png", *theirs]
     box.write_document("s.tif", {"pages": 2}, 2)
     assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", *theirs]
-    box.write("s.tif", mask, {"x": 1})  # one page now (or pipeline.pages: first)
+    first.write("s.tif", mask, {"x": 1})  # under `first`, an image of one page: not looked for
+    assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", *theirs]
+    first.write("s.tif", mask, {"x": 1}, frames=2)  # under `first`, the file's first page of two
     assert sorted(p.name for p in pages.iterdir()) == theirs
     for p in theirs:
         (pages / p).unlink()
+    for outbox, frames in ((box, 1), (first, 3)):
+        box.write_page("s.tif", 1, mask)
+        outbox.write_error("s.tif", {"error": "x"}, frames)
+        assert not pages.exists()  # emptied: the folder goes too
     box.write_page("s.tif", 1, mask)
-    box.write_error("s.tif", {"error": "x"})
-    assert not pages.exists()  # emptied: the folder goes too
+    box.write("s.tif", mask, {"x": 1})  # one page now, under `all`
+    assert not pages.exists()
 
 
 def test_names_too_long_for_their_outputs_are_cut_short_and_stay_apart() -> None:

@@ -126,37 +126,41 @@ class Outbox:
     failed image, <rel>.error.json (with a name too long for that cut short: output_rel). The outbox
     holds each name's latest outcome: results or an error.
 
-    Under pipeline.pages: all, a multi-page file's first page has those outputs, its page k (from 2)
-    them in <rel>.pages/<k>.mask.png (.txt, .overlay.jpg), and its one JSON lists every page. Whatever
-    an earlier outcome under the name left there beyond the new page count is removed, whichever the
-    setting (a file done under `all`, then under `first`, keeps no masks of pages its JSON no longer lists)."""
+    Under pipeline.pages: all (`pages`), a multi-page file's first page has those outputs, its page k
+    (from 2) them in <rel>.pages/<k>.mask.png (.txt, .overlay.jpg), and its one JSON lists every page.
+    Whatever an earlier outcome under the name left there beyond the new page count is removed: under
+    `all` for every outcome, otherwise for a file of several pages (a file done under `all`, then under
+    `first`, keeps no masks of pages its JSON no longer lists; an image of one page costs no lookup,
+    which on a network share would be a round trip)."""
 
     def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True, write_yolo_txt: bool = False,
-                 write_overlays: bool = False, write_errors: bool = True) -> None:
+                 write_overlays: bool = False, write_errors: bool = True, pages: bool = False) -> None:
         self.root = root
         self.write_json = write_json
         self.write_masks = write_masks
         self.write_yolo_txt = write_yolo_txt
         self.write_overlays = write_overlays
         self.write_errors = write_errors
+        self.pages = pages
         root.mkdir(parents=True, exist_ok=True)
 
     def _inside(self, rel: str) -> Path:
         return inside(self.root, rel)
 
-    def write(self, rel: str, result: Result, document: dict[str, Any],
-              image: np.ndarray | None = None) -> tuple[str | None, str | None]:
+    def write(self, rel: str, result: Result, document: dict[str, Any], image: np.ndarray | None = None,
+              frames: int = 1) -> tuple[str | None, str | None]:
         """Write one image's outputs; returns (json_path, mask_path) relative to the outbox, as text
         (worker.names: a name that is not UTF-8 is written under its real bytes, returned escaped).
 
-        `image` (uint8 BGR) is needed only for overlays. Raises OutboxFull when the filesystem has
-        no room (the outputs already written are complete files, overwritten on the retry)."""
+        `image` (uint8 BGR) is needed only for overlays; `frames`: the file's pages, of which only the
+        first was processed. Raises OutboxFull when the filesystem has no room (the outputs already
+        written are complete files, overwritten on the retry)."""
         with _full_as_outbox_full(self.root):
             out = output_rel(rel)
             mask_rel = self._page_outputs(out, 0, result, image)
             if mask_rel is not None:
                 document = {**document, "mask": mask_rel}
-            return self._document(out, document, 1), mask_rel
+            return self._document(out, document, 1, frames), mask_rel
 
     def write_page(self, rel: str, page: int, result: Result, image: np.ndarray | None = None) -> str | None:
         """Write the outputs of page `page` (0 the first) of a multi-page file but its JSON (write_document);
@@ -167,12 +171,12 @@ class Outbox:
     def write_document(self, rel: str, document: dict[str, Any], pages: int) -> str | None:
         """Write a multi-page file's JSON once its pages' outputs are written; returns its path as text."""
         with _full_as_outbox_full(self.root):
-            return self._document(output_rel(rel), document, pages)
+            return self._document(output_rel(rel), document, pages, pages)
 
-    def write_error(self, rel: str, document: dict[str, Any]) -> str | None:
+    def write_error(self, rel: str, document: dict[str, Any], frames: int = 1) -> str | None:
         """Write <rel>.error.json (the reason an image failed) and remove the results an earlier content
-        under this name left (they are not this file's; the database keeps them). Returns its path
-        relative to the outbox, None when not configured."""
+        under this name left (they are not this file's; the database keeps them); `frames`: its pages
+        if known. Returns its path relative to the outbox, None when not configured."""
         if not self.write_errors:
             return None
         out = output_rel(rel)
@@ -180,7 +184,8 @@ class Outbox:
         write_atomic(self._inside(error_rel), json.dumps(document, ensure_ascii=False).encode())
         for suffix in RESULT_SUFFIXES:
             self._inside(out + suffix).unlink(missing_ok=True)
-        self._drop_pages(out, 0)
+        if self.pages or frames > 1:
+            self._drop_pages(out, 0)
         return error_rel
 
     def has_room(self, nbytes: int = ROOM_PROBE_BYTES) -> bool:
@@ -210,20 +215,20 @@ class Outbox:
         write_atomic(self._inside(rel + ".mask.png"), png)
         return as_text(rel + ".mask.png")
 
-    def _document(self, out: str, document: dict[str, Any], pages: int) -> str | None:
+    def _document(self, out: str, document: dict[str, Any], pages: int, frames: int) -> str | None:
         json_rel = None
         if self.write_json:
             json_rel = out + ".json"
             write_atomic(self._inside(json_rel), json.dumps(document, ensure_ascii=False).encode())
         if self.write_errors:  # an earlier failure of this name (retried, or dropped again) is over
             self._inside(out + ERROR_SUFFIX).unlink(missing_ok=True)
-        self._drop_pages(out, pages)
+        if self.pages or frames > 1:
+            self._drop_pages(out, pages)
         return None if json_rel is None else as_text(json_rel)
 
     def _drop_pages(self, out: str, keep: int) -> None:
-        """Remove what an earlier outcome under this name left in <out>.pages/ for its pages past `keep`
-        (one failed lookup for nearly every image: about a microsecond). Only page outputs' names: a
-        folder of inputs that happens to be named so keeps its own outputs."""
+        """Remove what an earlier outcome under this name left in <out>.pages/ for its pages past `keep`.
+        Only page outputs' names: a folder of inputs that happens to be named so keeps its own outputs."""
         folder = self._inside(out + PAGES_SUFFIX)
         try:
             entries = list(os.scandir(folder))

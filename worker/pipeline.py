@@ -735,7 +735,7 @@ class Pipeline:
         """The outbox's word on a failed image, for whoever collects results from it (not the database's)."""
         document = {**self._head(item, JobStatus.FAILED), "error": item.error}
         try:
-            self.outbox.write_error(item.job.rel, document)
+            self.outbox.write_error(item.job.rel, document, item.pages)
         except (OSError, WorkerError) as e:  # a full or read-only outbox: the failure is on record all the same
             log.debug("no error file for %s: %s", item.job.key, e)
 
@@ -749,7 +749,7 @@ class Pipeline:
         document = {**self._head(item, JobStatus.DONE), "image": image, **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in _JSON_TIMINGS}}
-        json_path, mask_path = self.outbox.write(job.rel, result, document, item.image)
+        json_path, mask_path = self.outbox.write(job.rel, result, document, item.image, item.pages)
         item.image = None
         t2 = time.perf_counter()
         item.timings["write_ms"] = (t2 - t1) * 1000

@@ -149,7 +149,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
                                         providers=",".join(engine.providers), config=cfg.as_dict()))
         try:
             o = cfg.outputs
-            outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors)
+            outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors, pages=settings.all_pages)
             for folder in (cfg.outbox, archive):
                 if folder is not None and (n := remove_temporaries(folder)):
                     log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
