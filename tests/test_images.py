@@ -421,19 +421,20 @@ def test_a_tiff_read_from_disk_gives_every_page_as_from_its_bytes(tmp_path, monk
         assert tiff_pages(io.BytesIO(other)) == 0
 
 
-def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False) -> bytes:
-    """An uncompressed TIFF (classic, or BigTIFF) of 8-bit gray pages, each page's pixels then its directory;
-    with `loop`, the last directory's next is the first again (a malformed chain)."""
+def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False, reduced: frozenset[int] = frozenset()) -> bytes:
+    """An uncompressed TIFF (classic, or BigTIFF) of 8-bit gray images, each image's pixels then its directory;
+    with `loop`, the last directory's next is the first again (a malformed chain); the images numbered in
+    `reduced` marked as reduced versions of another (NewSubfileType 1: a thumbnail, a pyramid's level)."""
     import struct
 
     count_fmt, entry_fmt, offset_fmt = ("Q", "HHQQ", "Q") if big else ("H", "HHII", "I")
     out = bytearray(b"II" + (struct.pack("<HHHQ", 43, 8, 0, 0) if big else struct.pack("<HI", 42, 0)))
     link, first = len(out) - struct.calcsize(offset_fmt), 0
-    for page in pages:
+    for k, page in enumerate(pages):
         pixels = len(out)
         out += page.tobytes()
         h, w = page.shape
-        tags = [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, pixels), (277, 3, 1),
+        tags = [(254, 4, 1)] * (k in reduced) + [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, pixels), (277, 3, 1),
                 (278, 4, h), (279, 4, w * h)]
         at = len(out)
         first = first or at
@@ -447,10 +448,13 @@ def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False) -
     return bytes(out)
 
 
-def test_a_tiff_s_pages_are_counted_from_its_directories_classic_or_big_and_colour_float(tmp_path) -> None:
+def test_a_tiff_s_pages_are_counted_from_its_directories_classic_or_big_and_colour_float(tmp_path, monkeypatch) -> None:
     """Pages are counted from the TIFF's own chain of directories: a BigTIFF's (a stack over 4 GB is one),
     a colour TIFF of float samples (which Pillow cannot open: it was taken for one page and its others
-    dropped without a word), a chain that loops or is cut short (the pages before the fault)."""
+    dropped without a word), a chain that loops or is cut short (the pages before the fault); a reduced
+    image in the chain (a thumbnail, a pyramid's level) is not a page."""
+    import worker.images as images
+
     rng = np.random.default_rng(9)
     gray = [rng.integers(0, 256, (5 + k, 7), dtype=np.uint8) for k in range(3)]
     for big in (False, True):
@@ -469,10 +473,24 @@ def test_a_tiff_s_pages_are_counted_from_its_directories_classic_or_big_and_colo
     whole = _gray_tiff(gray)
     assert frames(whole[:-10]) == 2  # the last directory cut short
 
+    # thumbnails in the chain, bigger than the limit the pages are within: neither counted nor decoded
+    thumb = rng.integers(0, 256, (20, 30), dtype=np.uint8)
+    data = _gray_tiff([gray[0], thumb, gray[1], gray[2], thumb], reduced=frozenset({1, 4}))
+    assert frames(data) == 3 and frames(_gray_tiff([gray[0], thumb, gray[1]])) == 3
+    for chunk in (16, 1):
+        monkeypatch.setattr(images, "PAGE_CHUNK", chunk)
+        got = list(later_pages(data, "t.tif", 100))
+        assert len(got) == 2 and all(np.array_equal(g[:, :, 0], w) for g, w in zip(got, gray[1:]))
+        (tmp_path / "t.tif").write_bytes(data)
+        with (tmp_path / "t.tif").open("rb") as f:
+            assert tiff_pages(f) == 3
+            got = list(file_pages(f, reopenable(f, tmp_path / "t.tif"), "t", 100))
+        assert len(got) == 3 and all(np.array_equal(g[:, :, 0], w) for g, w in zip(got, gray))
+
     floats = [rng.random((6, 8, 3), dtype=np.float32) - 0.5 for _ in range(3)]
     assert cv2.imwritemulti(str(tmp_path / "f.tif"), floats, [cv2.IMWRITE_TIFF_COMPRESSION, 1])  # not LogLuv
     data = (tmp_path / "f.tif").read_bytes()
-    with pytest.raises(Exception):  # noqa: B017, PT011: whatever Pillow says, it does not open it
+    with pytest.raises(OSError):  # Pillow cannot identify it
         Image.open(io.BytesIO(data))
     assert frames(data) == 3 and np.array_equal(decode(data, "f.tif", 0, 32), floats[0])
     got = list(later_pages(data, "f.tif", 0, 32))

@@ -133,6 +133,7 @@ def _not_pixels(kind: str, samples: str) -> str:
 
 
 _WIDTH, _LENGTH, _BITS, _FORMAT = 256, 257, 258, 339  # TIFF tags: ImageWidth, ImageLength, BitsPerSample, SampleFormat
+_SUBFILE, _REDUCED_IMAGE = 254, 0x1  # NewSubfileType, and its bit for a reduced version of another image
 
 
 def _tiff_fields(data: bytes) -> dict[int, int]:
@@ -190,7 +191,7 @@ def _tiff_directories(read_at: Callable[[int, int], bytes], limit: int = MAX_TIF
             found: dict[int, int] = {}
             for k in range(entries):
                 tag, kind, count, value = struct.unpack_from(order + entry_fmt, raw, k * entry_size)
-                if tag not in (_WIDTH, _LENGTH, _BITS, _FORMAT) or kind not in (3, 4):  # SHORT, LONG
+                if tag not in (_WIDTH, _LENGTH, _BITS, _FORMAT, _SUBFILE) or kind not in (3, 4):  # SHORT, LONG
                     continue
                 size = 2 if kind == 3 else 4
                 if count * size > len(value):  # the values did not fit in the entry: it holds their offset
@@ -201,6 +202,12 @@ def _tiff_directories(read_at: Callable[[int, int], bytes], limit: int = MAX_TIF
     except struct.error:  # cut short: the pages before it stand
         pass
     return directories
+
+
+def _page_directories(directories: list[dict[int, int]]) -> list[int]:
+    """Which directories are pages: not a reduced version of another image (a thumbnail, a preview, a level
+    of a pyramid, in the same chain as the pages); the first always (decoding takes it)."""
+    return [k for k, fields in enumerate(directories) if k == 0 or not fields.get(_SUBFILE, 0) & _REDUCED_IMAGE]
 
 
 def tiff_32bit(data: bytes) -> str | None:
@@ -335,7 +342,7 @@ def frames(data: bytes) -> int:
     if data[:8] == PNG_SIGNATURE and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) < 0:
         return 1
     if data[:4] in _TIFF_MAGIC:
-        return max(len(_tiff_directories(_reader(data))), 1)
+        return max(len(_page_directories(_tiff_directories(_reader(data)))), 1)
     try:
         with _opened(data) as im:
             return max(int(getattr(im, "n_frames", 1)), 1)
@@ -374,7 +381,7 @@ _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and Bi
 def tiff_pages(f: BinaryIO) -> int:
     """How many pages the open file holds when it is a TIFF (its directories read, no pixels); 0 when it
     is not a TIFF."""
-    return len(_tiff_directories(_file_reader(f)))
+    return len(_page_directories(_tiff_directories(_file_reader(f))))
 
 
 def file_pages(f: BinaryIO, path: str, name: str, max_pixels: int,
@@ -401,13 +408,16 @@ def _page_flags(depth: int) -> int:
 
 def _tiff_pages(directories: list[dict[int, int]], decode_tiff: Callable[[int, int], tuple[bool, Sequence[np.ndarray]]],
                 page: int, name: str, max_pixels: int, depth: int) -> Generator[np.ndarray, None, None]:
-    """A TIFF's pages `page` onwards, checked from their `directories`, decoded by `decode_tiff(start, stop)`."""
-    count = len(directories)
+    """A TIFF's pages `page` onwards (counted as _page_directories does), checked from their `directories`,
+    decoded by `decode_tiff(start, stop)` over directories: a run of pages a call, never a reduced image."""
+    pages = _page_directories(directories)
     try:
-        while page < count:
+        while page < len(pages):
             chunk, pixels = 0, 0
-            while page + chunk < count and chunk < PAGE_CHUNK:
-                fields = directories[page + chunk]
+            while page + chunk < len(pages) and chunk < PAGE_CHUNK:
+                if chunk and pages[page + chunk] != pages[page] + chunk:  # a reduced image in between
+                    break
+                fields = directories[pages[page + chunk]]
                 w, h = fields.get(_WIDTH, 0), fields.get(_LENGTH, 0)
                 if chunk and pixels + w * h > PAGE_CHUNK_PIXELS:
                     break
@@ -418,7 +428,7 @@ def _tiff_pages(directories: list[dict[int, int]], decode_tiff: Callable[[int, i
                         break
                     raise
                 chunk, pixels = chunk + 1, pixels + w * h
-            ok, mats = decode_tiff(page, page + chunk)
+            ok, mats = decode_tiff(pages[page], pages[page] + chunk)
             if not ok or len(mats) != chunk:
                 raise DecodeError(name, "cannot decode (OpenCV read no image there)")
             for img in mats:
