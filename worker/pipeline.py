@@ -61,6 +61,8 @@ CLAIM_AHEAD_BYTES = 64 << 20
 # of depth 32, whose files may hold 32-bit samples) is refused unread: reading it whole would cost its
 # size in memory on each decode thread. A TIFF of several pages is not read whole but page by page.
 MAX_BYTES_PER_PIXEL = 8
+# why a file read page by page (over the byte limit) fails when another program writes to it meanwhile
+_CHANGED = "changed while its pages were being read; its new content is read anew"
 # the constructor waits at most this long for its threads' warm-ups, all together (a slow GPU's first
 # call on a thread can take seconds); past it intake starts anyway
 WARM_UP_WAIT_S = 60.0
@@ -523,7 +525,9 @@ class Pipeline:
         assert item.source is not None
         item.rest = file_pages(item.source, reopenable(item.source, item.job.path), item.job.key,
                                self.settings.max_pixels, self._depth)
-        image = next(item.rest)  # a TIFF of two pages or more (_claim)
+        image = next(item.rest, None)
+        if image is None:  # counted two pages or more at its claim: changed since
+            raise ImageError(item.job.key, _CHANGED)
         self._unchanged(item.job, item.source, item.identity)
         return image
 
@@ -533,7 +537,7 @@ class Pipeline:
         that content's (a new content under the name comes as a job of its own)."""
         st = os.fstat(source.fileno())
         if identity is not None and (st.st_size, st.st_mtime_ns) != identity[1:]:
-            raise ImageError(job.key, "changed while its pages were being read; its new content is read anew")
+            raise ImageError(job.key, _CHANGED)
 
     def _send_pages(self, first: _Item) -> None:
         """Decode and preprocess a multi-page file's other pages in order, each into the queue after its
