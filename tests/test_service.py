@@ -378,11 +378,21 @@ def _open_fds() -> int:
     return len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else 0
 
 
-def test_a_stack_over_the_byte_limit_is_read_page_by_page_with_the_same_results(cfg, tmp_path: Path,
-                                                                                samples: Path, effnet_onnx: Path) -> None:
+def test_a_stack_over_the_byte_limit_is_read_page_by_page_with_the_same_results(cfg, tmp_path: Path, samples: Path,
+                                                                                effnet_onnx: Path, monkeypatch) -> None:
     """A multi-page TIFF bigger than 8 bytes x pipeline.max_pixels (a long microscope stack) whose pages are
     each within the limit is not refused but read from disk page by page: the same JSON as when it is
-    read whole, under `all` and `first`; no file is left open. A file of one page that size is refused."""
+    read whole, under `all` and `first`; no file is left open. Under `all` so is one over
+    PAGES_FROM_DISK_BYTES, within the limit. A file of one page over the limit is refused."""
+    import worker.pipeline as pipeline
+
+    real, from_disk = pipeline.file_pages, []
+
+    def counted(*args, **kwargs):
+        from_disk.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "file_pages", counted)
     folder = tmp_path / "in"
     photos = [samples / n for n in ("coffee.png", "chelsea.png", "motorcycle_left.png")]
     stack = _tiff(folder / "stack.tif", *photos, *photos)  # six pages
@@ -398,11 +408,15 @@ def test_a_stack_over_the_byte_limit_is_read_page_by_page_with_the_same_results(
         doc = json.loads((tmp_path / name / "stack.tif.json").read_text())
         return {k: v for k, v in doc.items() if k != "timings_ms"}
 
-    fds = _open_fds()
+    fds, whole = _open_fds(), {}
     for pages in ("all", "first"):
-        from_disk, whole = run(pages, limit, f"disk-{pages}"), run(pages, 0, f"whole-{pages}")
-        assert from_disk == whole and from_disk["image"]["pages"] == 6
-    assert "pages" not in whole  # `first`: the first page's labels, no pages list
+        read_so, whole[pages] = run(pages, limit, f"disk-{pages}"), run(pages, 0, f"whole-{pages}")
+        assert read_so == whole[pages] and read_so["image"]["pages"] == 6 and from_disk == ["stack.tif"]
+        from_disk.clear()
+    assert "pages" not in whole["first"]  # the first page's labels, no pages list
+    monkeypatch.setattr(pipeline, "PAGES_FROM_DISK_BYTES", stack.stat().st_size - 1)
+    assert run("first", 0, "size-first") == whole["first"] and not from_disk  # one page decoded: read whole
+    assert run("all", 0, "size-all") == whole["all"] and from_disk == ["stack.tif"]
     all_pages = json.loads((tmp_path / "disk-all" / "stack.tif.json").read_text())["pages"]
     assert [p["labels"][0]["name"] for p in all_pages] == ["espresso", "tiger cat", "moped"] * 2
     assert _open_fds() == fds

@@ -61,6 +61,9 @@ CLAIM_AHEAD_BYTES = 64 << 20
 # of depth 32, whose files may hold 32-bit samples) is refused unread: reading it whole would cost its
 # size in memory on each decode thread. A TIFF of several pages is not read whole but page by page.
 MAX_BYTES_PER_PIXEL = 8
+# under pipeline.pages: all a TIFF of several pages over this size is read page by page as well: not held
+# whole on its decode thread while every page is decoded (under `first`, only its first page is decoded)
+PAGES_FROM_DISK_BYTES = 64 << 20
 # why a file read page by page (over the byte limit) fails when another program writes to it meanwhile
 _CHANGED = "changed while its pages were being read; its new content is read anew"
 # the constructor waits at most this long for its threads' warm-ups, all together (a slow GPU's first
@@ -421,7 +424,9 @@ class Pipeline:
                 if not stat.S_ISREG(st.st_mode):
                     raise ImageError(job.key, f"not a regular file ({_file_kind(st.st_mode)}): left unread")
                 over = bool(self.settings.max_pixels) and st.st_size > self._bytes_per_pixel * self.settings.max_pixels
-                if over and (pages := tiff_pages(f)) < 2:  # a TIFF of several pages is read page by page instead
+                big = over or (self.settings.all_pages and st.st_size > PAGES_FROM_DISK_BYTES)
+                pages = tiff_pages(f) if big else 0  # a TIFF of several pages that size is read page by page
+                if over and pages < 2:
                     raise ImageTooLarge(job.key, f"{st.st_size} bytes is more than any image within the pixel "
                                                  f"limit takes ({self._bytes_per_pixel} bytes x pipeline.max_pixels)")
                 item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
@@ -429,7 +434,7 @@ class Pipeline:
                 if stamp is not None and not self.settings.replay and self._done_as_read(job.key, st.st_size, stamp):
                     item.skipped = item.unread = True
                     return False
-                if over:
+                if pages > 1:
                     f.seek(0)
                     item.sha256, item.size, item.pages = hashlib.file_digest(f, "sha256").hexdigest(), st.st_size, pages
                     item.source = os.fdopen(os.dup(f.fileno()), "rb")  # open until its pages are decoded
