@@ -336,7 +336,8 @@ def _animated_webp(data: bytes) -> bool:
 def frames(data: bytes) -> int:
     """How many pages or frames the file holds (a multi-page TIFF, an animated GIF, WebP or PNG): decoding
     takes the first, and the result says how many there were. A JPEG holds one; so does a PNG without an
-    animation control chunk (`acTL`, before the image data), both known without opening them again."""
+    animation control chunk (`acTL`, before the image data), both known without opening them again; a
+    TIFF's pages are counted from its directories (_page_directories), any other file's frames by Pillow."""
     if data[:2] == b"\xff\xd8":
         return 1
     if data[:8] == PNG_SIGNATURE and data.find(b"acTL", 8, max(data.find(b"IDAT"), 8)) < 0:
