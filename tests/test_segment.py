@@ -65,3 +65,30 @@ def test_regions_are_boxes_of_connected_parts_in_reading_order_and_capped() -> N
     dots[40:45, 40:45] = 1  # and one of 25 (it swallows 9 dots)
     many = regions(dots)
     assert len(many) == MAX_REGIONS and many[:, 4].max() == 25 and regions(np.zeros((4, 4), np.uint8)).shape == (0, 5)
+
+
+def test_regions_labelled_within_the_mask_s_bounds_are_those_of_the_whole_image(monkeypatch) -> None:
+    """regions() labels only the bounding box of the mask's pixels: the same regions, in the same order,
+    as labelling the whole image, the largest kept among regions tied in size as well (random masks in a
+    random corner of the image; labelling from an odd corner numbered some tied regions otherwise)."""
+    import worker.tasks.segment as segment
+
+    def whole(mask: np.ndarray) -> np.ndarray:
+        _, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8, ltype=cv2.CV_32S)
+        s = stats[1:].astype(np.int64)
+        if len(s) > segment.MAX_REGIONS:
+            s = s[np.argsort(-s[:, 4], kind="stable")[:segment.MAX_REGIONS]]
+        s = s[np.lexsort((s[:, 0], s[:, 1]))]
+        return np.column_stack([s[:, 0], s[:, 1], s[:, 0] + s[:, 2], s[:, 1] + s[:, 3], s[:, 4]])
+
+    rng = np.random.default_rng(2)
+    for cap in (1000, 5):
+        monkeypatch.setattr(segment, "MAX_REGIONS", cap)
+        for _ in range(600):
+            h, w = rng.integers(2, 60, 2)
+            mask = (rng.random((h, w)) < rng.uniform(0.05, 0.6)).astype(np.uint8)
+            mask[: rng.integers(0, h)] = 0
+            mask[:, : rng.integers(0, w)] = 0
+            mask[rng.integers(1, h + 1):] = 0
+            want, got = whole(mask), segment.regions(mask)
+            assert got.shape == want.shape and np.array_equal(got, want), (cap, mask.shape)

@@ -20,9 +20,20 @@ MAX_REGIONS = 1000  # per image: the largest are kept, so a noisy mask cannot bl
 
 def regions(mask: np.ndarray) -> np.ndarray:
     """(H, W) uint8 0/1 mask -> (R, 5) int64 x1, y1, x2, y2 (pixel edges), pixels of its 8-connected
-    regions: the MAX_REGIONS largest, in reading order (top to bottom, then left to right)."""
-    _, _, stats, _ = cv2.connectedComponentsWithStats(mask, connectivity=8, ltype=cv2.CV_32S)
+    regions: the MAX_REGIONS largest, in reading order (top to bottom, then left to right).
+
+    Labelled within the bounding box of the mask's pixels (an empty mask, a person in a photo: a 1920 px
+    image's labelling took 6-12 ms, whatever it held), from even coordinates: OpenCV labels 2x2 blocks
+    from the origin, so that numbering, and the order of regions tied in size, stays as over the whole."""
+    x, y, w, h = cv2.boundingRect(mask)
+    if w == 0 or h == 0:
+        return np.zeros((0, 5), np.int64)
+    x, y = x & ~1, y & ~1
+    crop = mask[y:y + h + 1, x:x + w + 1]
+    _, _, stats, _ = cv2.connectedComponentsWithStats(crop, connectivity=8, ltype=cv2.CV_32S)
     s = stats[1:].astype(np.int64)  # row 0 is the background
+    s[:, 0] += x
+    s[:, 1] += y
     if len(s) > MAX_REGIONS:
         s = s[np.argsort(-s[:, 4], kind="stable")[:MAX_REGIONS]]
     s = s[np.lexsort((s[:, 0], s[:, 1]))]
