@@ -64,7 +64,7 @@ MAX_BYTES_PER_PIXEL = 8
 # under pipeline.pages: all a TIFF of several pages over this size is read page by page as well: not held
 # whole on its decode thread while every page is decoded (under `first`, only its first page is decoded)
 PAGES_FROM_DISK_BYTES = 64 << 20
-# why a file read page by page (over the byte limit) fails when another program writes to it meanwhile
+# why a file read page by page fails when another program writes to it between its claim and its decode
 _CHANGED = "changed while its pages were being read; its new content is read anew"
 # the constructor waits at most this long for its threads' warm-ups, all together (a slow GPU's first
 # call on a thread can take seconds); past it intake starts anyway
@@ -126,8 +126,9 @@ class _Item:
     geometry: Geometry | None = None
     output: np.ndarray | None = None
     data: bytes | None = None  # the file's bytes, from reading to decoding
-    # a multi-page TIFF over the byte limit, not read whole: the file, open from its claim until its
-    # pages are decoded (release() closes it), and its pages as they are decoded from disk
+    # a multi-page TIFF read page by page (over the byte limit; under pipeline.pages: all, over
+    # PAGES_FROM_DISK_BYTES): the file, open from its claim until its pages are decoded (release()
+    # closes it), and its pages as they are decoded from disk
     source: BinaryIO | None = None
     rest: Generator[np.ndarray, None, None] | None = None
     identity: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of the file as it was read
@@ -526,7 +527,7 @@ class Pipeline:
         return True
 
     def _first_page_from_disk(self, item: _Item) -> np.ndarray:
-        """The first page of a multi-page TIFF too large to read whole; its others follow in item.rest."""
+        """The first page of a multi-page TIFF read page by page; its others follow in item.rest."""
         assert item.source is not None
         item.rest = file_pages(item.source, reopenable(item.source, item.job.path), item.job.key,
                                self.settings.max_pixels, self._depth)
