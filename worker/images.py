@@ -213,7 +213,11 @@ def _page_directories(directories: list[dict[int, int]]) -> list[int]:
 def tiff_32bit(data: bytes) -> str | None:
     """'float' or 'integer' when a TIFF's first image holds 32-bit samples (BitsPerSample 32; SampleFormat 3
     is IEEE float), read from its first directory; None for any other file, or a TIFF of pixels."""
-    fields = _tiff_fields(data)
+    return _samples_32bit(_tiff_fields(data))
+
+
+def _samples_32bit(fields: dict[int, int]) -> str | None:
+    """tiff_32bit, from one directory's fields (_tiff_directories)."""
     if fields.get(_BITS) != 32:
         return None
     return "float" if fields.get(_FORMAT) == 3 else "integer"
@@ -442,8 +446,8 @@ def _tiff_pages(directories: list[dict[int, int]], decode_tiff: Callable[[int, i
 
 
 def _check_tiff_page(fields: dict[int, int], name: str, max_pixels: int, depth: int) -> None:
-    if depth != 32 and fields.get(_BITS) == 32:
-        raise DecodeError(name, _not_pixels("TIFF", "float" if fields.get(_FORMAT) == 3 else "integer"))
+    if depth != 32 and (kind := _samples_32bit(fields)) is not None:
+        raise DecodeError(name, _not_pixels("TIFF", kind))
     if not (fields.get(_WIDTH) and fields.get(_LENGTH)):
         raise DecodeError(name, "a page whose directory gives no size")
     _check_pixels(fields[_WIDTH], fields[_LENGTH], name, max_pixels)
