@@ -512,3 +512,66 @@ def test_an_animated_webp_decodes_without_opencv_s_error_line(capfd) -> None:
     still = io.BytesIO()
     frames_[1].save(still, "WEBP", lossless=True)  # a still WebP stays OpenCV's
     assert tuple(decode(still.getvalue(), "b.webp", 0)[0, 0]) == (255, 0, 0)
+
+
+def _rgb16_lzma_tiff(img: np.ndarray) -> bytes:
+    """A TIFF of one 16-bit RGB image in one LZMA-compressed strip (Pillow cannot write 16-bit colour)."""
+    import lzma
+
+    h, w, _ = img.shape
+    out = bytearray(b"II" + struct.pack("<HI", 42, 0))
+    strip = lzma.compress(img.astype("<u2").tobytes(), format=lzma.FORMAT_XZ)  # libtiff's LZMA reads .xz
+    pixels = len(out)
+    out += strip
+    bits = len(out)
+    out += struct.pack("<HHH", 16, 16, 16)
+    tags = [(256, 4, 1, w), (257, 4, 1, h), (258, 3, 3, bits), (259, 3, 1, 34925), (262, 3, 1, 2), (273, 4, 1, pixels),
+            (277, 3, 1, 3), (278, 4, 1, h), (279, 4, 1, len(strip))]
+    struct.pack_into("<I", out, 4, len(out))
+    out += struct.pack("<H", len(tags)) + b"".join(struct.pack("<HHII", *t) for t in tags) + struct.pack("<I", 0)
+    return bytes(out)
+
+
+@pytest.mark.parametrize("compression", ["zstd", "lzma"])
+def test_a_tiff_opencv_cannot_read_goes_to_pillow_at_its_own_depth(compression, tmp_path, monkeypatch, capfd) -> None:
+    """Zstandard and LZMA (which microscopy software writes; OpenCV's wheels lack both): every page through
+    Pillow, first and later, from bytes or from disk, equal to what was written at depth 8, 16 and 32.
+    Before, Pillow's conversion clipped a 16-bit gray page at 255 (a white image, silently), later pages
+    failed ('OpenCV read no image there'), and OpenCV printed warnings for each file. With the compression
+    not known in advance, OpenCV's failure falls back to Pillow the same way. 16-bit colour, which Pillow
+    holds at 8 bits, is refused at depth 16 and 32, naming why."""
+    import worker.images as images
+
+    rng = np.random.default_rng(11)
+    gray = [rng.integers(0, 65536, (9 + k, 13), dtype=np.uint16) for k in range(3)]
+    colour = [rng.integers(0, 256, (7, 5 + k, 3), dtype=np.uint8) for k in range(3)]  # RGB as written
+    for written in (gray, colour):
+        path = tmp_path / f"{compression}{written[0].ndim}.tif"
+        ims = [Image.fromarray(p) for p in written]
+        ims[0].save(path, save_all=True, append_images=ims[1:], compression=compression)
+        data = path.read_bytes()
+        for lacks in (images.OPENCV_LACKS, {}):  # Pillow straight away, or after OpenCV fails
+            monkeypatch.setattr(images, "OPENCV_LACKS", lacks)
+            monkeypatch.setattr(images, "PAGE_CHUNK", 2)
+            for depth in (8, 16, 32):
+                if written is gray:
+                    want = [np.repeat((p if depth != 8 else (p >> 8).astype(np.uint8))[:, :, None], 3, axis=2) for p in gray]
+                else:
+                    want = [p[:, :, ::-1].astype(np.uint16) * 257 if depth == 16 else p[:, :, ::-1] for p in colour]
+                want = [w.astype(np.float32) if depth == 32 else w for w in want]
+                got = [decode(data, path.name, 0, depth), *later_pages(data, path.name, 0, depth)]
+                with path.open("rb") as f:
+                    got += list(file_pages(f, reopenable(f, path), path.name, 0, depth))
+                assert len(got) == 6, (lacks, depth)
+                assert all(g.dtype == w.dtype and np.array_equal(g, w) for g, w in zip(got, want + want)), (lacks, depth)
+            if lacks:
+                assert capfd.readouterr().err == ""  # OpenCV not asked, so nothing on stderr
+
+    monkeypatch.undo()
+    deep_colour = rng.integers(0, 65536, (6, 7, 3), dtype=np.uint16)
+    data = _rgb16_lzma_tiff(deep_colour)
+    assert np.array_equal(decode(data, "c.tif", 0), (deep_colour >> 8).astype(np.uint8)[:, :, ::-1])
+    for depth in (16, 32):
+        with pytest.raises(DecodeError, match=r"c.tif: a 16-bit colour TIFF that OpenCV cannot read \(LZMA\): Pillow "
+                                              r"reads it at 8 bits only"):
+            decode(data, "c.tif", 0, depth)

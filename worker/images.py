@@ -20,10 +20,10 @@ import io
 import os
 import struct
 import warnings
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Callable
+from typing import Any, BinaryIO, Callable
 
 import cv2
 import numpy as np
@@ -133,6 +133,11 @@ def _not_pixels(kind: str, samples: str) -> str:
 
 
 _WIDTH, _LENGTH, _BITS, _FORMAT = 256, 257, 258, 339  # TIFF tags: ImageWidth, ImageLength, BitsPerSample, SampleFormat
+_COMPRESSION = 259
+# TIFF compressions OpenCV's wheels build without and Pillow's read (modern microscopy writes Zstandard and
+# LZMA): such a page goes to Pillow straight away, since OpenCV's try prints warnings to stderr for each one
+# (any other page OpenCV cannot read still falls back to Pillow, after them)
+OPENCV_LACKS = {34925: "LZMA", 50000: "Zstandard", 50001: "WebP"}
 _SUBFILE, _REDUCED_IMAGE = 254, 0x1  # NewSubfileType, and its bit for a reduced version of another image
 
 
@@ -191,7 +196,7 @@ def _tiff_directories(read_at: Callable[[int, int], bytes], limit: int = MAX_TIF
             found: dict[int, int] = {}
             for k in range(entries):
                 tag, kind, count, value = struct.unpack_from(order + entry_fmt, raw, k * entry_size)
-                if tag not in (_WIDTH, _LENGTH, _BITS, _FORMAT, _SUBFILE) or kind not in (3, 4):  # SHORT, LONG
+                if tag not in (_WIDTH, _LENGTH, _BITS, _FORMAT, _SUBFILE, _COMPRESSION) or kind not in (3, 4):  # SHORT, LONG
                     continue
                 size = 2 if kind == 3 else 4
                 if count * size > len(value):  # the values did not fit in the entry: it holds their offset
@@ -253,7 +258,8 @@ def _decode_samples(data: bytes, name: str, max_pixels: int) -> np.ndarray:
         raise DecodeError(name, "a TIFF of 32-bit samples whose size cannot be read")
     _check_pixels(size[0], size[1], name, max_pixels)
     # IMREAD_UNCHANGED: OpenCV's colour decode clips a float TIFF's negative values and refuses a gray one
-    img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), cv2.IMREAD_UNCHANGED)
+    img = None if fields.get(_COMPRESSION) in OPENCV_LACKS else cv2.imdecode(np.frombuffer(data, dtype=np.uint8),
+                                                                            cv2.IMREAD_UNCHANGED)
     if img is None:
         img = _decode_with_pillow(data, name, convert=False)
     return _as_samples(img, name)
@@ -286,12 +292,12 @@ def _pillow_32bit(data: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def _opened(data: bytes) -> Iterator[Image.Image]:
-    """The file as Pillow opens it (its header read, no pixels), its warnings silenced: the worker checks
-    sizes and reports problems itself."""
+def _opened(data: bytes | BinaryIO) -> Iterator[Image.Image]:
+    """The file (its bytes, or the open file, left open) as Pillow opens it (its header read, no pixels),
+    its warnings silenced: the worker checks sizes and reports problems itself."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with Image.open(io.BytesIO(data)) as im:
+        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
             yield im
 
 
@@ -320,13 +326,15 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = 
         data = _without_colour_profile(data)
     elif _animated_webp(data):  # OpenCV refuses it, with an ERROR line on stderr each time: Pillow's
         return _decode_with_pillow(data, name)
+    elif data[:4] in _TIFF_MAGIC and _tiff_fields(data).get(_COMPRESSION) in OPENCV_LACKS:
+        return _decode_with_pillow(data, name, deep=deep)
     buf = np.frombuffer(data, dtype=np.uint8)
     # applies EXIF orientation, gray->3 channels, and 16->8 bit unless deep
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if deep else 0))
     if deep and not floats and img is not None and img.dtype not in (np.uint8, np.uint16):  # Radiance HDR
         img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
     if img is None:
-        img = _decode_with_pillow(data, name)  # GIF, some TIFFs and WebPs OpenCV's build cannot read
+        img = _decode_with_pillow(data, name, deep=deep)  # GIF, some TIFFs and WebPs OpenCV's build cannot read
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
     return img
@@ -377,7 +385,7 @@ def later_pages(data: bytes, name: str, max_pixels: int, depth: int = 8) -> Gene
     flags = _page_flags(depth)
     yield from _tiff_pages(_tiff_directories(_reader(data)),
                            lambda start, stop: cv2.imdecodemulti(buf, flags, None, (start, stop)),
-                           1, name, max_pixels, depth)
+                           lambda: _opened(data), 1, name, max_pixels, depth)
 
 
 _TIFF_MAGIC = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic and BigTIFF, either byte order
@@ -397,7 +405,7 @@ def file_pages(f: BinaryIO, path: str, name: str, max_pixels: int,
     flags = _page_flags(depth)
     yield from _tiff_pages(_tiff_directories(_file_reader(f)),
                            lambda start, stop: cv2.imreadmulti(path, start, stop - start, flags=flags),
-                           0, name, max_pixels, depth)
+                           lambda: _opened(f), 0, name, max_pixels, depth)
 
 
 def reopenable(f: BinaryIO, path: Path) -> str:
@@ -412,10 +420,14 @@ def _page_flags(depth: int) -> int:
 
 
 def _tiff_pages(directories: list[dict[int, int]], decode_tiff: Callable[[int, int], tuple[bool, Sequence[np.ndarray]]],
+                open_pillow: Callable[[], contextlib.AbstractContextManager[Image.Image]],
                 page: int, name: str, max_pixels: int, depth: int) -> Generator[np.ndarray, None, None]:
     """A TIFF's pages `page` onwards (counted as _page_directories does), checked from their `directories`,
-    decoded by `decode_tiff(start, stop)` over directories: a run of pages a call, never a reduced image."""
+    decoded by `decode_tiff(start, stop)` over directories: a run of pages a call, never a reduced image.
+    A run OpenCV cannot read (a compression its build lacks) is read by Pillow, opened once by
+    `open_pillow` and stepped from page to page."""
     pages = _page_directories(directories)
+    pillow, im = contextlib.ExitStack(), None
     try:
         while page < len(pages):
             chunk, pixels = 0, 0
@@ -433,16 +445,24 @@ def _tiff_pages(directories: list[dict[int, int]], decode_tiff: Callable[[int, i
                         break
                     raise
                 chunk, pixels = chunk + 1, pixels + w * h
-            ok, mats = decode_tiff(pages[page], pages[page] + chunk)
-            if not ok or len(mats) != chunk:
-                raise DecodeError(name, "cannot decode (OpenCV read no image there)")
-            for img in mats:
-                yield _as_page(img, name, depth)
+            run = range(pages[page], pages[page] + chunk)
+            ok, mats = (False, ()) if directories[run.start].get(_COMPRESSION) in OPENCV_LACKS else \
+                decode_tiff(run.start, run.stop)
+            if ok and len(mats) == chunk:
+                for img in mats:
+                    yield _as_page(img, name, depth)
+            else:
+                im = im or pillow.enter_context(open_pillow())
+                for k in run:
+                    im.seek(k)  # Pillow counts every directory, as OpenCV does
+                    yield _pillow_page(im, name, depth)
             page += chunk
     except (DecodeError, ImageTooLarge):
         raise
     except Exception as e:
         raise DecodeError(name, f"cannot decode ({type(e).__name__}: {e})") from None
+    finally:
+        pillow.close()
 
 
 def _check_tiff_page(fields: dict[int, int], name: str, max_pixels: int, depth: int) -> None:
@@ -460,11 +480,18 @@ def _frames_after_first(data: bytes, name: str, max_pixels: int, depth: int) -> 
             for page in range(1, max(int(getattr(im, "n_frames", 1)), 1)):
                 im.seek(page)  # onwards from where it is
                 _check_page(im, name, max_pixels, depth)
-                yield _as_page(_bgr(im), name, depth)
+                yield _pillow_page(im, name, depth)
     except (DecodeError, ImageTooLarge):
         raise
     except Exception as e:
         raise DecodeError(name, f"cannot decode ({type(e).__name__}: {e})") from None
+
+
+def _pillow_page(im: Image.Image, name: str, depth: int) -> np.ndarray:
+    """The frame Pillow is at, as `decode` gives a first page at this depth."""
+    if depth == 32 and _is_32bit(im.mode, getattr(im, "tag_v2", {}).get(_BITS, 0)):
+        return _as_samples(np.asarray(im), name)
+    return _as_page(_pillow_pixels(im, name, deep=depth != 8), name, depth)
 
 
 def _check_page(im: Image.Image, name: str, max_pixels: int, depth: int) -> None:
@@ -550,15 +577,17 @@ def _check_jpeg_complete(data: bytes, name: str) -> None:
         raise DecodeError(name, "truncated JPEG (no end-of-image marker after the last scan)")
 
 
-def _decode_with_pillow(data: bytes, name: str, convert: bool = True) -> np.ndarray:
-    """BGR (H, W, 3) uint8; with `convert` False, the first frame's own samples (H, W), as Pillow holds
-    them (a float or 32-bit integer TIFF's)."""
+def _decode_with_pillow(data: bytes, name: str, convert: bool = True, deep: bool = False) -> np.ndarray:
+    """BGR (H, W, 3) uint8 (with `deep`, a 16-bit file's uint16: _pillow_pixels); with `convert` False, the
+    first frame's own samples (H, W), as Pillow holds them (a float or 32-bit integer TIFF's)."""
     try:
         with _opened(data) as opened:
             opened.seek(0)  # multi-frame (GIF, TIFF): the first frame
             if not convert:
                 return np.asarray(ImageOps.exif_transpose(opened))
-            return _bgr(ImageOps.exif_transpose(opened))
+            return _pillow_pixels(ImageOps.exif_transpose(opened), name, deep, getattr(opened, "tag_v2", {}))
+    except DecodeError:
+        raise
     except UnidentifiedImageError:
         raise DecodeError(name, "not an image (unknown or corrupt format)") from None
     except Exception as e:
@@ -568,3 +597,26 @@ def _decode_with_pillow(data: bytes, name: str, convert: bool = True) -> np.ndar
 def _bgr(im: Image.Image) -> np.ndarray:
     """A Pillow image (any mode, a frame as composed) as BGR (H, W, 3) uint8."""
     return np.ascontiguousarray(np.asarray(im.convert("RGB"))[:, :, ::-1])
+
+
+_GRAY16 = frozenset(("I;16", "I;16L", "I;16B", "I;16N"))  # Pillow's modes of 16-bit gray pixels
+
+
+def _pillow_pixels(im: Image.Image, name: str, deep: bool, tags: Mapping[int, Any] | None = None) -> np.ndarray:
+    """A frame Pillow decoded, as OpenCV would decode it: BGR (H, W, 3) uint8, or with `deep` a 16-bit
+    gray frame's own uint16. Pillow's conversion to RGB clips 16-bit gray at 255 (a microscope's frame
+    would come out white), where OpenCV keeps the high byte; it holds 16-bit colour at 8 bits only, which
+    depth 16 refuses rather than widen. `tags`: a TIFF's (the frame's own unless given: a transposed
+    copy has none)."""
+    tags = getattr(im, "tag_v2", {}) if tags is None else tags
+    if im.mode in _GRAY16:
+        gray = np.asarray(im).astype(np.uint16)  # native byte order, whatever the file's
+        gray8or16 = gray if deep else (gray >> 8).astype(np.uint8)
+        return np.ascontiguousarray(np.repeat(gray8or16[:, :, None], 3, axis=2))
+    bits = tags.get(_BITS, 8)
+    if deep and max(bits if isinstance(bits, tuple) else (bits,)) == 16:
+        compression = OPENCV_LACKS.get(tags.get(_COMPRESSION, 0), "its compression")
+        raise DecodeError(name, f"a 16-bit colour TIFF that OpenCV cannot read ({compression}): Pillow reads "
+                                f"it at 8 bits only, which would lose the low 8 of each sample: save it "
+                                f"uncompressed, or with LZW or Deflate")
+    return _bgr(im)
