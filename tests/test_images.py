@@ -548,7 +548,10 @@ def test_a_tiff_opencv_cannot_read_goes_to_pillow_at_its_own_depth(compression, 
     for written in (gray, colour):
         path = tmp_path / f"{compression}{written[0].ndim}.tif"
         ims = [Image.fromarray(p) for p in written]
-        ims[0].save(path, save_all=True, append_images=ims[1:], compression=compression)
+        try:
+            ims[0].save(path, save_all=True, append_images=ims[1:], compression=compression)
+        except OSError:  # Pillow 10.0's libtiff was built without Zstandard: it reads no such file either
+            pytest.skip(f"this Pillow's libtiff lacks {compression}")
         data = path.read_bytes()
         for lacks in (images.OPENCV_LACKS, {}):  # Pillow straight away, or after OpenCV fails
             monkeypatch.setattr(images, "OPENCV_LACKS", lacks)
