@@ -61,8 +61,8 @@ CLAIM_AHEAD_BYTES = 64 << 20
 # of depth 32, whose files may hold 32-bit samples) is refused unread: reading it whole would cost its
 # size in memory on each decode thread. A TIFF of several pages is not read whole but page by page.
 MAX_BYTES_PER_PIXEL = 8
-# under pipeline.pages: all a TIFF of several pages over this size is read page by page as well: not held
-# whole on its decode thread while every page is decoded (under `first`, only its first page is decoded)
+# a TIFF of several pages over this size is read page by page as well: not held whole on its decode thread
+# (under pipeline.pages: all while every page is decoded; under `first`, for its first page alone)
 PAGES_FROM_DISK_BYTES = 64 << 20
 # why a file read page by page fails when another program writes to it between its claim and its decode
 _CHANGED = "changed while its pages were being read; its new content is read anew"
@@ -425,7 +425,7 @@ class Pipeline:
                 if not stat.S_ISREG(st.st_mode):
                     raise ImageError(job.key, f"not a regular file ({_file_kind(st.st_mode)}): left unread")
                 over = bool(self.settings.max_pixels) and st.st_size > self._bytes_per_pixel * self.settings.max_pixels
-                big = over or (self.settings.all_pages and st.st_size > PAGES_FROM_DISK_BYTES)
+                big = over or st.st_size > PAGES_FROM_DISK_BYTES
                 pages = tiff_pages(f) if big else 0  # a TIFF of several pages that size is read page by page
                 if over and pages < 2:
                     raise ImageTooLarge(job.key, f"{st.st_size} bytes is more than any image within the pixel "
