@@ -421,7 +421,8 @@ def test_a_tiff_read_from_disk_gives_every_page_as_from_its_bytes(tmp_path, monk
         assert tiff_pages(io.BytesIO(other)) == 0
 
 
-def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False, reduced: frozenset[int] = frozenset()) -> bytes:
+def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False, reduced: frozenset[int] = frozenset(),
+               compression: int = 1) -> bytes:
     """An uncompressed TIFF (classic, or BigTIFF) of 8-bit gray images, each image's pixels then its directory;
     with `loop`, the last directory's next is the first again (a malformed chain); the images numbered in
     `reduced` marked as reduced versions of another (NewSubfileType 1: a thumbnail, a pyramid's level)."""
@@ -434,7 +435,7 @@ def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False, r
         pixels = len(out)
         out += page.tobytes()
         h, w = page.shape
-        tags = [(254, 4, 1)] * (k in reduced) + [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, 1), (262, 3, 1), (273, 4, pixels), (277, 3, 1),
+        tags = [(254, 4, 1)] * (k in reduced) + [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, compression), (262, 3, 1), (273, 4, pixels), (277, 3, 1),
                 (278, 4, h), (279, 4, w * h)]
         at = len(out)
         first = first or at
@@ -578,3 +579,11 @@ def test_a_tiff_opencv_cannot_read_goes_to_pillow_at_its_own_depth(compression, 
         with pytest.raises(DecodeError, match=r"c.tif: a 16-bit colour TIFF that OpenCV cannot read \(LZMA\): Pillow "
                                               r"reads it at 8 bits only"):
             decode(data, "c.tif", 0, depth)
+
+    # LERC, which neither reads: the failure names it, first page or later, rather than Pillow's bare code
+    lerc = _gray_tiff([np.zeros((4, 5), np.uint8)] * 2, compression=34887)
+    unreadable = r"l.tif: cannot decode: a TIFF compressed with LERC, which neither OpenCV nor Pillow here can read"
+    with pytest.raises(DecodeError, match=unreadable):
+        decode(lerc, "l.tif", 0)
+    with pytest.raises(DecodeError, match=unreadable):
+        next(later_pages(lerc, "l.tif", 0))

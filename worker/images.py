@@ -134,10 +134,12 @@ def _not_pixels(kind: str, samples: str) -> str:
 
 _WIDTH, _LENGTH, _BITS, _FORMAT = 256, 257, 258, 339  # TIFF tags: ImageWidth, ImageLength, BitsPerSample, SampleFormat
 _COMPRESSION = 259
-# TIFF compressions OpenCV's wheels build without and Pillow's read (modern microscopy writes Zstandard and
-# LZMA): such a page goes to Pillow straight away, since OpenCV's try prints warnings to stderr for each one
-# (any other page OpenCV cannot read still falls back to Pillow, after them)
-OPENCV_LACKS = {34925: "LZMA", 50000: "Zstandard", 50001: "WebP"}
+# TIFF compressions OpenCV's wheels build without, the first three of which Pillow's read (modern microscopy
+# writes Zstandard and LZMA; whole-slide scanners JPEG 2000): such a page goes to Pillow straight away, since
+# OpenCV's try prints warnings to stderr for each one (any other page OpenCV cannot read still falls back
+# to Pillow, after them), and a failure names the compression
+OPENCV_LACKS = {34925: "LZMA", 50000: "Zstandard", 50001: "WebP", 34887: "LERC", 50002: "JPEG XL",
+                33003: "JPEG 2000", 33005: "JPEG 2000", 34712: "JPEG 2000"}
 _SUBFILE, _REDUCED_IMAGE = 254, 0x1  # NewSubfileType, and its bit for a reduced version of another image
 
 
@@ -460,9 +462,18 @@ def _tiff_pages(directories: list[dict[int, int]], decode_tiff: Callable[[int, i
     except (DecodeError, ImageTooLarge):
         raise
     except Exception as e:
-        raise DecodeError(name, f"cannot decode ({type(e).__name__}: {e})") from None
+        raise _undecodable(name, e, directories[pages[page]].get(_COMPRESSION) if page < len(pages) else None) from None
     finally:
         pillow.close()
+
+
+def _undecodable(name: str, e: Exception, compression: int | None) -> DecodeError:
+    """Why a file could not be decoded; for a TIFF whose compression OpenCV's build lacks, that Pillow's
+    libtiff lacks it too (Pillow 10.0's has no Zstandard) rather than its bare error code."""
+    if compression in OPENCV_LACKS:
+        return DecodeError(name, f"cannot decode: a TIFF compressed with {OPENCV_LACKS[compression]}, which neither "
+                                 f"OpenCV nor Pillow here can read ({type(e).__name__}: {e})")
+    return DecodeError(name, f"cannot decode ({type(e).__name__}: {e})")
 
 
 def _check_tiff_page(fields: dict[int, int], name: str, max_pixels: int, depth: int) -> None:
@@ -588,10 +599,11 @@ def _decode_with_pillow(data: bytes, name: str, convert: bool = True, deep: bool
             return _pillow_pixels(ImageOps.exif_transpose(opened), name, deep, getattr(opened, "tag_v2", {}))
     except DecodeError:
         raise
-    except UnidentifiedImageError:
-        raise DecodeError(name, "not an image (unknown or corrupt format)") from None
     except Exception as e:
-        raise DecodeError(name, f"cannot decode ({type(e).__name__}: {e})") from None
+        compression = _tiff_fields(data).get(_COMPRESSION)
+        if isinstance(e, UnidentifiedImageError) and compression not in OPENCV_LACKS:
+            raise DecodeError(name, "not an image (unknown or corrupt format)") from None
+        raise _undecodable(name, e, compression) from None
 
 
 def _bgr(im: Image.Image) -> np.ndarray:
