@@ -471,8 +471,9 @@ def _undecodable(name: str, e: Exception, compression: int | None) -> DecodeErro
     """Why a file could not be decoded; for a TIFF whose compression OpenCV's build lacks, that Pillow's
     libtiff lacks it too (Pillow 10.0's has no Zstandard) rather than its bare error code."""
     if compression in OPENCV_LACKS:
+        why = "" if isinstance(e, UnidentifiedImageError) else f" ({type(e).__name__}: {e})"  # names a BytesIO
         return DecodeError(name, f"cannot decode: a TIFF compressed with {OPENCV_LACKS[compression]}, which neither "
-                                 f"OpenCV nor Pillow here can read ({type(e).__name__}: {e})")
+                                 f"OpenCV nor Pillow here can read{why}")
     return DecodeError(name, f"cannot decode ({type(e).__name__}: {e})")
 
 
