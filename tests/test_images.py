@@ -582,7 +582,7 @@ def test_a_tiff_opencv_cannot_read_goes_to_pillow_at_its_own_depth(compression, 
 
     # LERC, which neither reads: the failure names it, first page or later, rather than Pillow's bare code
     lerc = _gray_tiff([np.zeros((4, 5), np.uint8)] * 2, compression=34887)
-    unreadable = r"l.tif: cannot decode: a TIFF compressed with LERC, which neither OpenCV nor Pillow here can read"
+    unreadable = r"l.tif: cannot decode: neither OpenCV nor Pillow here reads this TIFF \(compressed with LERC\)$"
     with pytest.raises(DecodeError, match=unreadable):
         decode(lerc, "l.tif", 0)
     with pytest.raises(DecodeError, match=unreadable):

@@ -472,8 +472,8 @@ def _undecodable(name: str, e: Exception, compression: int | None) -> DecodeErro
     libtiff lacks it too (Pillow 10.0's has no Zstandard) rather than its bare error code."""
     if compression in OPENCV_LACKS:
         why = "" if isinstance(e, UnidentifiedImageError) else f" ({type(e).__name__}: {e})"  # names a BytesIO
-        return DecodeError(name, f"cannot decode: a TIFF compressed with {OPENCV_LACKS[compression]}, which neither "
-                                 f"OpenCV nor Pillow here can read{why}")
+        return DecodeError(name, f"cannot decode: neither OpenCV nor Pillow here reads this TIFF (compressed with "
+                                 f"{OPENCV_LACKS[compression]}){why}")
     return DecodeError(name, f"cannot decode ({type(e).__name__}: {e})")
 
 
