@@ -384,8 +384,11 @@ def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path,
     """SIGHUP (the terminal a worker was started from goes away) drains as SIGINT does; before session 28 it
     killed the worker on the spot, an attempt counted against each image in flight."""
     conf = _config(tmp_path)
+    # the signal's default disposition: under `nohup` (tests run so) SIGHUP would be ignored from the
+    # start, and the worker rightly keeps it ignored (the test below)
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "watch"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(getattr(signal, sig), signal.SIG_DFL))
     try:
         assert wait_for(lambda: (tmp_path / "inbox").exists(), 60)
         shutil.copy(samples / "coffee.png", tmp_path / "inbox" / "coffee.png")
