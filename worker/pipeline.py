@@ -126,9 +126,9 @@ class _Item:
     geometry: Geometry | None = None
     output: np.ndarray | None = None
     data: bytes | None = None  # the file's bytes, from reading to decoding
-    # a multi-page TIFF read page by page (over the byte limit; under pipeline.pages: all, over
-    # PAGES_FROM_DISK_BYTES): the file, open from its claim until its pages are decoded (release()
-    # closes it), and its pages as they are decoded from disk
+    # a multi-page TIFF read page by page (over the byte limit, or over PAGES_FROM_DISK_BYTES): the file,
+    # open from its claim until its pages are decoded (release() closes it), and its pages as they are
+    # decoded from disk
     source: BinaryIO | None = None
     rest: Generator[np.ndarray, None, None] | None = None
     identity: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of the file as it was read
