@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import cv2
@@ -443,7 +442,11 @@ def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, sam
     try:
         assert wait_for(lambda: list((tmp_path / "outbox").glob("*.json")), 60)
         proc.send_signal(signal.SIGINT)
-        time.sleep(0.5)  # two signals sent back to back would merge into one
+        # the second once the first is taken (two sent back to back would merge into one), and not after a
+        # fixed wait, which a fast drain could outlast (the run then exits 0 before the second arrives)
+        assert proc.stderr is not None
+        while (line := proc.stderr.readline()) and "finishing jobs in flight" not in line:
+            pass
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=10)  # at once, not after draining the queue
     finally:
