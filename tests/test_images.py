@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import struct
+import threading
+import warnings
 
 import cv2
 import numpy as np
@@ -55,6 +57,42 @@ def test_gif_first_frame() -> None:
     buf = io.BytesIO()
     frames[0].save(buf, format="GIF", save_all=True, append_images=frames[1:])
     assert decode(buf.getvalue(), "a.gif", 10**6).shape == (4, 4, 3)
+
+
+def test_two_threads_reading_frames_leave_the_process_s_warnings_as_they_were(monkeypatch) -> None:
+    """Pillow's warnings are silenced without swapping the process's warning filters: two decode threads,
+    each part way through a multi-frame file, once left every warning of the process ignored (each had
+    saved and then restored the filters the other had changed)."""
+    frames_ = [Image.fromarray(np.full((4, 4, 3), v, np.uint8)) for v in (10, 130, 250)]
+    buf = io.BytesIO()
+    frames_[0].save(buf, format="GIF", save_all=True, append_images=frames_[1:])
+    gif = buf.getvalue()
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 10)  # each 16-pixel frame: Pillow's bomb warning
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    pages: dict[str, list[np.ndarray]] = {"a": [], "b": []}
+
+    def read(me: str) -> None:  # a into its file, then b; a out, then b
+        it = later_pages(gif, f"{me}.gif", 10**6)
+        if me == "b":
+            a_in.wait(10)
+        pages[me].append(next(it))
+        (a_in if me == "a" else b_in).set()
+        (b_in if me == "a" else a_out).wait(10)
+        pages[me].extend(it)
+        if me == "a":
+            a_out.set()
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.resetwarnings()  # no filter of Pillow's left by an earlier test behind the next one
+        warnings.simplefilter("always")
+        threads = [threading.Thread(target=read, args=(me,)) for me in "ab"]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        warnings.warn("the worker's own", UserWarning)
+    assert [len(p) for p in pages.values()] == [2, 2]
+    assert [str(w.message) for w in seen] == ["the worker's own"]  # and none of Pillow's
 
 
 def test_bad_inputs_raise_clear_errors() -> None:

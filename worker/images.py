@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import struct
 import warnings
 from collections.abc import Generator, Iterator, Mapping, Sequence
@@ -293,14 +294,29 @@ def _pillow_32bit(data: bytes) -> bool:
         return False
 
 
+# Pillow's own warnings (a decompression bomb, a malformed TIFF tag, a palette's transparency, ...) are
+# attributed to its modules; its deprecations, raised for the caller, are not, and still show.
+_PILLOW_MODULES = r"PIL\."
+_PILLOW_WARNINGS = ("ignore", None, Warning, re.compile(_PILLOW_MODULES), 0)  # as `filterwarnings` files it
+
+
+def _quiet_pillow_warnings() -> None:
+    """Silence Pillow's warnings, process-wide: the worker checks sizes and reports problems itself.
+    A filter added once rather than `catch_warnings` around each open, which swaps the process's filter
+    list and is not thread-safe: two decode threads interleaving could restore each other's copy and
+    leave every warning ignored. Checked on each open, since a caller's `catch_warnings` (pytest's
+    around each test) may drop it again."""
+    if _PILLOW_WARNINGS not in warnings.filters:
+        warnings.filterwarnings("ignore", module=_PILLOW_MODULES)
+
+
 @contextlib.contextmanager
 def _opened(data: bytes | BinaryIO) -> Iterator[Image.Image]:
     """The file (its bytes, or the open file, left open) as Pillow opens it (its header read, no pixels),
-    its warnings silenced: the worker checks sizes and reports problems itself."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
-            yield im
+    Pillow's warnings silenced."""
+    _quiet_pillow_warnings()
+    with Image.open(io.BytesIO(data) if isinstance(data, bytes) else data) as im:
+        yield im
 
 
 def widen(img: np.ndarray) -> np.ndarray:
