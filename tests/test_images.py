@@ -461,9 +461,12 @@ def test_a_tiff_read_from_disk_gives_every_page_as_from_its_bytes(tmp_path, monk
 
 def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False, reduced: frozenset[int] = frozenset(),
                compression: int = 1) -> bytes:
-    """An uncompressed TIFF (classic, or BigTIFF) of 8-bit gray images, each image's pixels then its directory;
-    with `loop`, the last directory's next is the first again (a malformed chain); the images numbered in
-    `reduced` marked as reduced versions of another (NewSubfileType 1: a thumbnail, a pyramid's level)."""
+    """A TIFF (classic, or BigTIFF) of gray images, 8-bit or signed 16-bit (SampleFormat 2), each image's
+    pixels then its directory, uncompressed, or in one LZMA strip with `compression` 34925 (any other
+    compression is only named); with `loop`, the last directory's next is the first again (a malformed
+    chain); the images numbered in `reduced` marked as reduced versions of another (NewSubfileType 1: a
+    thumbnail, a pyramid's level)."""
+    import lzma
     import struct
 
     count_fmt, entry_fmt, offset_fmt = ("Q", "HHQQ", "Q") if big else ("H", "HHII", "I")
@@ -471,10 +474,13 @@ def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False, r
     link, first = len(out) - struct.calcsize(offset_fmt), 0
     for k, page in enumerate(pages):
         pixels = len(out)
-        out += page.tobytes()
+        raw = page.astype(page.dtype.newbyteorder("<")).tobytes()
+        strip = lzma.compress(raw, format=lzma.FORMAT_XZ) if compression == 34925 else raw  # libtiff's LZMA reads .xz
+        out += strip
         h, w = page.shape
-        tags = [(254, 4, 1)] * (k in reduced) + [(256, 4, w), (257, 4, h), (258, 3, 8), (259, 3, compression), (262, 3, 1), (273, 4, pixels), (277, 3, 1),
-                (278, 4, h), (279, 4, w * h)]
+        tags = [(254, 4, 1)] * (k in reduced) + [(256, 4, w), (257, 4, h), (258, 3, page.dtype.itemsize * 8),
+                                                 (259, 3, compression), (262, 3, 1), (273, 4, pixels), (277, 3, 1),
+                                                 (278, 4, h), (279, 4, len(strip))] + [(339, 3, 2)] * (page.dtype.kind == "i")
         at = len(out)
         first = first or at
         struct.pack_into("<" + offset_fmt, out, link, at)
@@ -485,6 +491,31 @@ def _gray_tiff(pages: list[np.ndarray], big: bool = False, loop: bool = False, r
     if loop:
         struct.pack_into("<" + offset_fmt, out, link, first)
     return bytes(out)
+
+
+def test_a_signed_16_bit_tiff_decodes_as_opencv_reads_it_whoever_reads_it(tmp_path, capfd) -> None:
+    """A signed 16-bit gray TIFF (SampleFormat 2: some scientific cameras, elevation maps), as OpenCV reads it
+    uncompressed: its values at depth 32, the high byte of each sample's bits at depth 8 (-1 -> 255, 256 ->
+    1), widened at 16. Compressed with LZMA, which OpenCV cannot read, Pillow gives the same, every page,
+    from bytes or from disk; before, Pillow's conversion clipped it at depth 8 (every negative value 0,
+    everything over 255 white) and it was refused at 16 and 32 as 'a 16-bit colour TIFF'."""
+    pages = [np.array([[-30000, -1, 0, 1], [255, 256, 20000, 32767]], np.int16),
+             np.arange(-6, 6, dtype=np.int16).reshape(3, 4) * 1000]
+    high = [(p.view(np.uint16) >> 8).astype(np.uint8) for p in pages]
+    assert high[0].ravel().tolist() == [138, 255, 0, 0, 0, 1, 78, 127]
+    for compression in (1, 34925):
+        data = _gray_tiff(pages, compression=compression)
+        path = tmp_path / f"s{compression}.tif"
+        path.write_bytes(data)
+        for depth, want in ((8, high), (16, [h.astype(np.uint16) * 257 for h in high]),
+                            (32, [p.astype(np.float32) for p in pages])):
+            want = [np.repeat(w[:, :, None], 3, axis=2) for w in want]
+            got = [decode(data, path.name, 0, depth), *later_pages(data, path.name, 0, depth)]
+            with path.open("rb") as f:
+                got += list(file_pages(f, reopenable(f, path), path.name, 0, depth))
+            assert len(got) == 4, (compression, depth)
+            assert [(g.dtype, g.tolist()) for g in got] == [(w.dtype, w.tolist()) for w in want + want], (compression, depth)
+    capfd.readouterr()  # OpenCV's own warnings for the uncompressed file's pages are not what this checks
 
 
 def test_a_tiff_s_pages_are_counted_from_its_directories_classic_or_big_and_colour_float(tmp_path, monkeypatch) -> None:

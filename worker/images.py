@@ -345,14 +345,14 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = 
     elif _animated_webp(data):  # OpenCV refuses it, with an ERROR line on stderr each time: Pillow's
         return _decode_with_pillow(data, name)
     elif data[:4] in _TIFF_MAGIC and _tiff_fields(data).get(_COMPRESSION) in OPENCV_LACKS:
-        return _decode_with_pillow(data, name, deep=deep)
+        return _decode_with_pillow(data, name, deep=deep, floats=floats)
     buf = np.frombuffer(data, dtype=np.uint8)
     # applies EXIF orientation, gray->3 channels, and 16->8 bit unless deep
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if deep else 0))
     if deep and not floats and img is not None and img.dtype not in (np.uint8, np.uint16):  # Radiance HDR
         img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
     if img is None:
-        img = _decode_with_pillow(data, name, deep=deep)  # GIF, some TIFFs and WebPs OpenCV's build cannot read
+        img = _decode_with_pillow(data, name, deep=deep, floats=floats)  # GIF, some TIFFs and WebPs OpenCV cannot read
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
     return img
@@ -519,7 +519,7 @@ def _pillow_page(im: Image.Image, name: str, depth: int) -> np.ndarray:
     """The frame Pillow is at, as `decode` gives a first page at this depth."""
     if depth == 32 and _is_32bit(im.mode, getattr(im, "tag_v2", {}).get(_BITS, 0)):
         return _as_samples(np.asarray(im), name)
-    return _as_page(_pillow_pixels(im, name, deep=depth != 8), name, depth)
+    return _as_page(_pillow_pixels(im, name, deep=depth != 8, floats=depth == 32), name, depth)
 
 
 def _check_page(im: Image.Image, name: str, max_pixels: int, depth: int) -> None:
@@ -534,6 +534,8 @@ def _as_page(img: np.ndarray, name: str, depth: int) -> np.ndarray:
         return _as_samples(img, name)
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
+    if img.dtype == np.int16:  # OpenCV's any-depth read of a signed 16-bit page: 8 bits, as the first page's
+        img = _high_byte(img)
     return widen(img) if depth == 16 and img.dtype == np.uint8 else img
 
 
@@ -605,15 +607,17 @@ def _check_jpeg_complete(data: bytes, name: str) -> None:
         raise DecodeError(name, "truncated JPEG (no end-of-image marker after the last scan)")
 
 
-def _decode_with_pillow(data: bytes, name: str, convert: bool = True, deep: bool = False) -> np.ndarray:
-    """BGR (H, W, 3) uint8 (with `deep`, a 16-bit file's uint16: _pillow_pixels); with `convert` False, the
-    first frame's own samples (H, W), as Pillow holds them (a float or 32-bit integer TIFF's)."""
+def _decode_with_pillow(data: bytes, name: str, convert: bool = True, deep: bool = False,
+                        floats: bool = False) -> np.ndarray:
+    """BGR (H, W, 3) uint8 (with `deep`, a 16-bit file's uint16, and with `floats` a signed one's values:
+    _pillow_pixels); with `convert` False, the first frame's own samples (H, W), as Pillow holds them (a
+    float or 32-bit integer TIFF's)."""
     try:
         with _opened(data) as opened:
             opened.seek(0)  # multi-frame (GIF, TIFF): the first frame
             if not convert:
                 return np.asarray(ImageOps.exif_transpose(opened))
-            return _pillow_pixels(ImageOps.exif_transpose(opened), name, deep, getattr(opened, "tag_v2", {}))
+            return _pillow_pixels(ImageOps.exif_transpose(opened), name, deep, getattr(opened, "tag_v2", {}), floats)
     except DecodeError:
         raise
     except Exception as e:
@@ -631,19 +635,36 @@ def _bgr(im: Image.Image) -> np.ndarray:
 _GRAY16 = frozenset(("I;16", "I;16L", "I;16B", "I;16N"))  # Pillow's modes of 16-bit gray pixels
 
 
-def _pillow_pixels(im: Image.Image, name: str, deep: bool, tags: Mapping[int, Any] | None = None) -> np.ndarray:
+def _high_byte(signed: np.ndarray) -> np.ndarray:
+    """int16 -> uint8 as OpenCV's 8-bit read of a signed 16-bit TIFF gives it: the high byte of each
+    sample's bits (-1 -> 255, 256 -> 1, -30000 -> 138)."""
+    return (signed.view(np.uint16) >> 8).astype(np.uint8)
+
+
+def _one(value: int | tuple[int, ...]) -> int:
+    """A TIFF field Pillow gives as a number or a tuple of one per sample: the largest."""
+    return max(value) if isinstance(value, tuple) else value
+
+
+def _pillow_pixels(im: Image.Image, name: str, deep: bool, tags: Mapping[int, Any] | None = None,
+                   floats: bool = False) -> np.ndarray:
     """A frame Pillow decoded, as OpenCV would decode it: BGR (H, W, 3) uint8, or with `deep` a 16-bit
-    gray frame's own uint16. Pillow's conversion to RGB clips 16-bit gray at 255 (a microscope's frame
-    would come out white), where OpenCV keeps the high byte; it holds 16-bit colour at 8 bits only, which
-    depth 16 refuses rather than widen. `tags`: a TIFF's (the frame's own unless given: a transposed
-    copy has none)."""
+    gray frame's own uint16, or with `floats` (depth 32) a signed 16-bit gray frame's own values (int16).
+    Pillow's conversion to RGB clips 16-bit gray at 255 (a microscope's frame would come out white), where
+    OpenCV keeps the high byte; it holds 16-bit colour at 8 bits only, which depth 16 refuses rather than
+    widen. `tags`: a TIFF's (the frame's own unless given: a transposed copy has none)."""
     tags = getattr(im, "tag_v2", {}) if tags is None else tags
     if im.mode in _GRAY16:
         gray = np.asarray(im).astype(np.uint16)  # native byte order, whatever the file's
         gray8or16 = gray if deep else (gray >> 8).astype(np.uint8)
         return np.ascontiguousarray(np.repeat(gray8or16[:, :, None], 3, axis=2))
     bits = tags.get(_BITS, 8)
-    if deep and max(bits if isinstance(bits, tuple) else (bits,)) == 16:
+    if im.mode == "I" and _one(bits) == 16 and _one(tags.get(_FORMAT, 1)) == 2:  # signed 16-bit gray, as int32
+        # as OpenCV decodes such a TIFF: its values at depth 32, else the high byte of each sample's bits
+        # (-1 -> 255, 256 -> 1), which depth 16 widens as it does any 8-bit image
+        signed = np.asarray(im).astype(np.int16)
+        return np.ascontiguousarray(np.repeat((signed if floats else _high_byte(signed))[:, :, None], 3, axis=2))
+    if deep and _one(bits) == 16:
         compression = OPENCV_LACKS.get(tags.get(_COMPRESSION, 0), "its compression")
         raise DecodeError(name, f"a 16-bit colour TIFF that OpenCV cannot read ({compression}): Pillow reads "
                                 f"it at 8 bits only, which would lose the low 8 of each sample: save it "
