@@ -518,6 +518,79 @@ def test_a_signed_16_bit_tiff_decodes_as_opencv_reads_it_whoever_reads_it(tmp_pa
     capfd.readouterr()  # OpenCV's own warnings for the uncompressed file's pages are not what this checks
 
 
+def _tiff(pages: list[np.ndarray], compression: int = 1, extra: int = 0) -> bytes:
+    """A classic little-endian TIFF of (H, W) or (H, W, C) pages of any integer or float dtype, each in one
+    strip, uncompressed or LZMA (34925); C of 2 or 4 with ExtraSamples `extra` (1 associated alpha, 2
+    unassociated)."""
+    import lzma
+
+    out = bytearray(b"II" + struct.pack("<HI", 42, 0))
+    link = 4
+    for page in pages:
+        h, w = page.shape[:2]
+        c = page.shape[2] if page.ndim == 3 else 1
+        raw = page.astype(page.dtype.newbyteorder("<")).tobytes()
+        strip = lzma.compress(raw, format=lzma.FORMAT_XZ) if compression == 34925 else raw
+        pixels = len(out)
+        out += strip
+        per_sample = []  # BitsPerSample and SampleFormat: (count, the SHORTs inline when two fit, else their offset)
+        for value in (page.dtype.itemsize * 8, {"u": 1, "i": 2, "f": 3}[page.dtype.kind]):
+            at = len(out)
+            out += struct.pack(f"<{c}H", *[value] * c) + b"\0\0"
+            per_sample.append((c, struct.unpack_from("<I", out, at)[0] if c <= 2 else at))
+        entries = sorted([(256, 4, 1, w), (257, 4, 1, h), (258, 3, *per_sample[0]), (259, 3, 1, compression),
+                          (262, 3, 1, 2 if c >= 3 else 1), (273, 4, 1, pixels), (277, 3, 1, c), (278, 4, 1, h),
+                          (279, 4, 1, len(strip)), (339, 3, *per_sample[1])] + [(338, 3, 1, extra)] * (c in (2, 4)))
+        struct.pack_into("<I", out, link, len(out))
+        out += struct.pack("<H", len(entries)) + b"".join(struct.pack("<HHII", *e) for e in entries)
+        link = len(out)
+        out += struct.pack("<I", 0)
+    return bytes(out)
+
+
+def test_a_tiff_opencv_cannot_read_decodes_as_the_same_pages_uncompressed(tmp_path, capfd) -> None:
+    """Pages OpenCV cannot read (LZMA here) go to Pillow, which must give what OpenCV gives for the same pages
+    uncompressed, every page, at every depth, from bytes and from disk: colour with alpha over black, as
+    libtiff premultiplies it for OpenCV (Pillow's straight colour, before: a transparent pixel kept its
+    colour); gray with associated alpha as stored (before: refused, Pillow converts it to nothing); signed
+    8-bit gray's own values at depth 32 (before: read unsigned), and OpenCV's later pages of it at depth 16
+    as 8-bit widened (before: int8 went on). Samples neither takes are named."""
+    rng = np.random.default_rng(5)
+    alpha = rng.integers(0, 256, (2, 6, 7, 1)).astype(np.uint16)
+    cases = {
+        "rgba": ([rng.integers(0, 256, (6, 7, 4), dtype=np.uint8) for _ in range(2)], 2, 0),
+        "rgba-associated": ([np.concatenate([rng.integers(0, 256, (6, 7, 3)) * a // 255, a], axis=2).astype(np.uint8)
+                             for a in alpha], 1, 1),  # valid premultiplied: Pillow divides it out, within 1 again
+        "gray-associated": ([np.concatenate([rng.integers(0, 256, (6, 7, 1)) * a // 255, a], axis=2).astype(np.uint8)
+                             for a in alpha], 1, 0),
+        "int8": ([rng.integers(-128, 128, (6, 7), dtype=np.int8) for _ in range(2)], 0, 0),
+    }
+    results: dict[str, dict[int, list[list[np.ndarray]]]] = {}
+    for label, (pages, extra, within) in cases.items():
+        got = results[label] = {}
+        for compression in (1, 34925):
+            data = _tiff(pages, compression, extra)
+            path = tmp_path / f"{label}-{compression}.tif"
+            path.write_bytes(data)
+            for depth in (8, 16, 32):
+                pair = [decode(data, path.name, 0, depth), *later_pages(data, path.name, 0, depth)]
+                with path.open("rb") as f:
+                    pair += list(file_pages(f, reopenable(f, path), path.name, 0, depth))
+                got.setdefault(depth, []).append(pair)
+        for depth, (opencv, pillow) in got.items():
+            assert len(opencv) == len(pillow) == 4 and all(o.dtype == p.dtype for o, p in zip(opencv, pillow))
+            diff = max(int(np.abs(o.astype(np.int64) - p.astype(np.int64)).max()) for o, p in zip(opencv, pillow))
+            assert diff <= within * (257 if depth == 16 else 1), (label, depth, diff)
+    rgba = cases["rgba"][0][1].astype(np.uint16)  # its second page, read by Pillow: its colour over black
+    assert np.array_equal(results["rgba"][8][1][1], ((rgba[:, :, 2::-1] * rgba[:, :, 3:] + 127) // 255).astype(np.uint8))
+    assert np.array_equal(results["int8"][32][1][0], np.repeat(cases["int8"][0][0][:, :, None], 3, axis=2))
+    rgb32 = _tiff([np.zeros((3, 4, 3), np.uint32)])
+    with pytest.raises(DecodeError, match=r"u.tif: cannot decode: neither OpenCV nor Pillow here reads this TIFF "
+                                          r"\(3 samples of 32-bit unsigned integers per pixel\)$"):
+        decode(rgb32, "u.tif", 0, 32)  # before: 'not an image (unknown or corrupt format)'
+    capfd.readouterr()  # OpenCV's warnings for the uncompressed files' pages are not what this checks
+
+
 def test_a_tiff_s_pages_are_counted_from_its_directories_classic_or_big_and_colour_float(tmp_path, monkeypatch) -> None:
     """Pages are counted from the TIFF's own chain of directories: a BigTIFF's (a stack over 4 GB is one),
     a colour TIFF of float samples (which Pillow cannot open: it was taken for one page and its others

@@ -135,6 +135,8 @@ def _not_pixels(kind: str, samples: str) -> str:
 
 _WIDTH, _LENGTH, _BITS, _FORMAT = 256, 257, 258, 339  # TIFF tags: ImageWidth, ImageLength, BitsPerSample, SampleFormat
 _COMPRESSION = 259
+_EXTRA_SAMPLES = 338  # what a sample past the colour ones is: 1 associated (premultiplied) alpha, 2 unassociated
+_SAMPLES = 277  # SamplesPerPixel
 # TIFF compressions OpenCV's wheels build without, the first three of which Pillow's read (modern microscopy
 # writes Zstandard and LZMA; whole-slide scanners JPEG 2000): such a page goes to Pillow straight away, since
 # OpenCV's try prints warnings to stderr for each one (any other page OpenCV cannot read still falls back
@@ -142,6 +144,7 @@ _COMPRESSION = 259
 OPENCV_LACKS = {34925: "LZMA", 50000: "Zstandard", 50001: "WebP", 34887: "LERC", 50002: "JPEG XL",
                 33003: "JPEG 2000", 33005: "JPEG 2000", 34712: "JPEG 2000"}
 _SUBFILE, _REDUCED_IMAGE = 254, 0x1  # NewSubfileType, and its bit for a reduced version of another image
+_FIELDS = (_WIDTH, _LENGTH, _BITS, _FORMAT, _SUBFILE, _COMPRESSION, _SAMPLES)  # what _tiff_directories reads
 
 
 def _tiff_fields(data: bytes) -> dict[int, int]:
@@ -199,7 +202,7 @@ def _tiff_directories(read_at: Callable[[int, int], bytes], limit: int = MAX_TIF
             found: dict[int, int] = {}
             for k in range(entries):
                 tag, kind, count, value = struct.unpack_from(order + entry_fmt, raw, k * entry_size)
-                if tag not in (_WIDTH, _LENGTH, _BITS, _FORMAT, _SUBFILE, _COMPRESSION) or kind not in (3, 4):  # SHORT, LONG
+                if tag not in _FIELDS or kind not in (3, 4):  # SHORT, LONG
                     continue
                 size = 2 if kind == 3 else 4
                 if count * size > len(value):  # the values did not fit in the entry: it holds their offset
@@ -478,18 +481,24 @@ def _tiff_pages(directories: list[dict[int, int]], decode_tiff: Callable[[int, i
     except (DecodeError, ImageTooLarge):
         raise
     except Exception as e:
-        raise _undecodable(name, e, directories[pages[page]].get(_COMPRESSION) if page < len(pages) else None) from None
+        raise _undecodable(name, e, directories[pages[page]] if page < len(pages) else {}) from None
     finally:
         pillow.close()
 
 
-def _undecodable(name: str, e: Exception, compression: int | None) -> DecodeError:
-    """Why a file could not be decoded; for a TIFF whose compression OpenCV's build lacks, that Pillow's
-    libtiff lacks it too (Pillow 10.0's has no Zstandard) rather than its bare error code."""
+def _undecodable(name: str, e: Exception, fields: dict[int, int]) -> DecodeError:
+    """Why a file could not be decoded; for a TIFF (`fields`: its page's directory) whose compression OpenCV's
+    build lacks, that Pillow's libtiff lacks it too (Pillow 10.0's has no Zstandard) rather than its bare
+    error code; for one whose samples neither takes, what they are."""
+    compression = fields.get(_COMPRESSION)
     if compression in OPENCV_LACKS:
         why = "" if isinstance(e, UnidentifiedImageError) else f" ({type(e).__name__}: {e})"  # names a BytesIO
         return DecodeError(name, f"cannot decode: neither OpenCV nor Pillow here reads this TIFF (compressed with "
                                  f"{OPENCV_LACKS[compression]}){why}")
+    if isinstance(e, UnidentifiedImageError) and {_WIDTH, _LENGTH, _BITS} <= fields.keys():
+        kind = {2: "signed integers", 3: "floats"}.get(fields.get(_FORMAT, 1), "unsigned integers")
+        return DecodeError(name, f"cannot decode: neither OpenCV nor Pillow here reads this TIFF "
+                                 f"({fields.get(_SAMPLES, 1)} samples of {fields[_BITS]}-bit {kind} per pixel)")
     return DecodeError(name, f"cannot decode ({type(e).__name__}: {e})")
 
 
@@ -534,8 +543,10 @@ def _as_page(img: np.ndarray, name: str, depth: int) -> np.ndarray:
         return _as_samples(img, name)
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
-    if img.dtype == np.int16:  # OpenCV's any-depth read of a signed 16-bit page: 8 bits, as the first page's
+    if img.dtype == np.int16:  # OpenCV's any-depth read of a signed page: 8 bits, as the first page's
         img = _high_byte(img)
+    elif img.dtype == np.int8:
+        img = img.view(np.uint8)
     return widen(img) if depth == 16 and img.dtype == np.uint8 else img
 
 
@@ -621,10 +632,11 @@ def _decode_with_pillow(data: bytes, name: str, convert: bool = True, deep: bool
     except DecodeError:
         raise
     except Exception as e:
-        compression = _tiff_fields(data).get(_COMPRESSION)
-        if isinstance(e, UnidentifiedImageError) and compression not in OPENCV_LACKS:
+        fields = _tiff_fields(data)
+        if isinstance(e, UnidentifiedImageError) and fields.get(_COMPRESSION) not in OPENCV_LACKS and \
+                not {_WIDTH, _LENGTH, _BITS} <= fields.keys():
             raise DecodeError(name, "not an image (unknown or corrupt format)") from None
-        raise _undecodable(name, e, compression) from None
+        raise _undecodable(name, e, fields) from None
 
 
 def _bgr(im: Image.Image) -> np.ndarray:
@@ -633,6 +645,16 @@ def _bgr(im: Image.Image) -> np.ndarray:
 
 
 _GRAY16 = frozenset(("I;16", "I;16L", "I;16B", "I;16N"))  # Pillow's modes of 16-bit gray pixels
+
+
+def _over_black(im: Image.Image) -> np.ndarray:
+    """A TIFF's colour with alpha as OpenCV reads it (libtiff's RGBA interface): premultiplied, i.e. over
+    black, BGR (H, W, 3) uint8. Pillow holds it straight (RGBA: it divides associated alpha out as it
+    loads), or as stored (RGBa); PNG, WebP and the rest drop alpha instead, in OpenCV as here."""
+    rgba = np.asarray(im)
+    rgb = rgba[:, :, :3] if im.mode == "RGBa" else \
+        ((rgba[:, :, :3].astype(np.uint16) * rgba[:, :, 3:] + 127) // 255).astype(np.uint8)  # libtiff's rounding
+    return np.ascontiguousarray(rgb[:, :, ::-1])
 
 
 def _high_byte(signed: np.ndarray) -> np.ndarray:
@@ -664,9 +686,15 @@ def _pillow_pixels(im: Image.Image, name: str, deep: bool, tags: Mapping[int, An
         # (-1 -> 255, 256 -> 1), which depth 16 widens as it does any 8-bit image
         signed = np.asarray(im).astype(np.int16)
         return np.ascontiguousarray(np.repeat((signed if floats else _high_byte(signed))[:, :, None], 3, axis=2))
+    if floats and im.mode == "L" and _one(tags.get(_FORMAT, 1)) == 2:  # signed 8-bit gray: its values at depth 32
+        return np.ascontiguousarray(np.repeat(np.asarray(im).view(np.int8)[:, :, None], 3, axis=2))
+    if im.mode == "La":  # gray stored premultiplied, which OpenCV takes as it is (Pillow converts it to nothing)
+        return np.ascontiguousarray(np.repeat(np.asarray(im)[:, :, :1], 3, axis=2))
     if deep and _one(bits) == 16:
         compression = OPENCV_LACKS.get(tags.get(_COMPRESSION, 0), "its compression")
         raise DecodeError(name, f"a 16-bit colour TIFF that OpenCV cannot read ({compression}): Pillow reads "
                                 f"it at 8 bits only, which would lose the low 8 of each sample: save it "
                                 f"uncompressed, or with LZW or Deflate")
+    if im.mode in ("RGBA", "RGBa") and _one(tags.get(_EXTRA_SAMPLES, 0)) in (1, 2):
+        return _over_black(im)  # a TIFF's alpha, as libtiff hands it to OpenCV
     return _bgr(im)
