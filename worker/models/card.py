@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from worker.config import build, read_yaml
+from worker.config import Number, Signed, build, read_yaml
 from worker.errors import ConfigError
 
 Task = Literal["segment", "classify", "detect"]
@@ -75,8 +75,8 @@ class Preprocess:
     # (OpenCV's warpPerspective with the corner-to-corner matrix, as MediaPipe's ImageToTensorCalculator)
     resize: Literal["stretch", "stretch-asymmetric", "shorter-crop", "letterbox"] = "stretch"
     resize_shorter: int = 256
-    pad_value: int = 114
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)  # in pixel units (0-255, or 0-65535 at depth 16), channel order
+    pad_value: Number = Number(114)  # an integer at depth 8 and 16 (checked), any number at 32
+    mean: tuple[Signed, ...] = (Signed(0.0),) * 3  # in pixel units (0-255, or 0-65535 at depth 16), channel order
     std: tuple[float, ...] = (255.0, 255.0, 255.0)  # as `color` (gray: one value)
     # 16: 16-bit files keep their 16 bits (others are widened, 255 -> 65535), and mean, std and pad_value
     # are in 0-65535 units; 8: every file is read at 8 bits (16-bit ones divided by 256); 32: each file's
@@ -264,9 +264,13 @@ def load_card(path: Path) -> ModelCard:
     if min(card.preprocess.std) <= 0:  # every pixel divided by it: inf and nan into the model, silently
         raise ConfigError(f"{path}: 'preprocess.std' must be more than 0, got {list(card.preprocess.std)}")
     top = {8: 255, 16: 65535}.get(card.preprocess.depth)
-    if top is not None and not 0 <= card.preprocess.pad_value <= top:
+    pad = card.preprocess.pad_value
+    if top is not None and not (isinstance(pad, int) and 0 <= pad <= top):
         raise ConfigError(f"{path}: 'preprocess.pad_value' must be a pixel value, 0-{top} at depth "
-                          f"{card.preprocess.depth}, got {card.preprocess.pad_value}")
+                          f"{card.preprocess.depth}, got {pad}")
+    if top is not None and min(card.preprocess.mean) < 0:  # negative only in a file's own units (depth 32)
+        raise ConfigError(f"{path}: 'preprocess.mean' is in pixel units at depth {card.preprocess.depth}, 0-{top}: "
+                          f"got {list(card.preprocess.mean)} (a negative mean is for depth 32, a file's own values)")
     if card.preprocess.resize == "letterbox" and card.task != "detect":
         raise ConfigError(f"{path}: 'preprocess.resize: letterbox' is only supported for detect models")
     if card.task == "segment" and not card.preprocess.resize.startswith("stretch"):
