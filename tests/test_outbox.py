@@ -46,8 +46,9 @@ def test_each_name_holds_its_latest_outcome_results_or_an_error(tmp_path: Path) 
 
 def test_a_page_folder_keeps_only_the_pages_the_latest_outcome_has_and_whatever_is_not_a_page_s(tmp_path: Path) -> None:
     """<rel>.pages/ holds page k's outputs (k from 2); a later outcome of fewer pages, or one page, or a
-    failure, removes those past it: under pipeline.pages: all always, under `first` for a file of several
-    pages (one page costs no lookup there). An input folder that happens to share the name keeps its outputs."""
+    failure, removes those past it, under pipeline.pages: all or `first` alike on a local disk (on a network
+    share, under `first`, for a file of several pages only: one lookup per image would be a round trip each).
+    An input folder that happens to share the name keeps its outputs."""
     box, first = Outbox(tmp_path / "out", write_yolo_txt=True, pages=True), Outbox(tmp_path / "out")
     mask = Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9)
     for page in (1, 2, 3):
@@ -60,9 +61,17 @@ def test_a_page_folder_keeps_only_the_pages_the_latest_outcome_has_and_whatever_
     assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", "3.mask.png", "4.mask.png", *theirs]
     box.write_document("s.tif", {"pages": 2}, 2)
     assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", *theirs]
-    first.write("s.tif", mask, {"x": 1})  # under `first`, an image of one page: not looked for
-    assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", *theirs]
+    first.write("s.tif", mask, {"x": 1})  # under `first`, a new content of one page (before: its pages stayed)
+    assert sorted(p.name for p in pages.iterdir()) == theirs
+    box.write_page("s.tif", 1, mask)
     first.write("s.tif", mask, {"x": 1}, frames=2)  # under `first`, the file's first page of two
+    assert sorted(p.name for p in pages.iterdir()) == theirs
+    shared = Outbox(tmp_path / "out")
+    shared._every_outcome_drops_pages = False  # as on a network share (mounts.network_filesystem)
+    box.write_page("s.tif", 1, mask)
+    shared.write("s.tif", mask, {"x": 1})  # one page: not looked for there
+    assert sorted(p.name for p in pages.iterdir()) == ["2.mask.png", *theirs]
+    shared.write("s.tif", mask, {"x": 1}, frames=2)
     assert sorted(p.name for p in pages.iterdir()) == theirs
     for p in theirs:
         (pages / p).unlink()

@@ -128,10 +128,10 @@ class Outbox:
 
     Under pipeline.pages: all (`pages`), a multi-page file's first page has those outputs, its page k
     (from 2) them in <rel>.pages/<k>.mask.png (.txt, .overlay.jpg), and its one JSON lists every page.
-    Whatever an earlier outcome under the name left there beyond the new page count is removed: under
-    `all` for every outcome, otherwise for a file of several pages (a file done under `all`, then under
-    `first`, keeps no masks of pages its JSON no longer lists; an image of one page costs no lookup,
-    which on a network share would be a round trip)."""
+    Whatever an earlier outcome under the name left there beyond the new page count is removed: for every
+    outcome under `all`, or on a local disk (a file done under `all`, then under `first`, keeps no masks of
+    pages its JSON no longer lists; a failed lookup costs microseconds there), and on a network share under
+    `first` for a file of several pages only (a lookup for every image would be a round trip each)."""
 
     def __init__(self, root: Path, write_json: bool = True, write_masks: bool = True, write_yolo_txt: bool = False,
                  write_overlays: bool = False, write_errors: bool = True, pages: bool = False) -> None:
@@ -143,6 +143,7 @@ class Outbox:
         self.write_errors = write_errors
         self.pages = pages
         root.mkdir(parents=True, exist_ok=True)
+        self._every_outcome_drops_pages = pages or network_filesystem(root) is None
 
     def _inside(self, rel: str) -> Path:
         return inside(self.root, rel)
@@ -184,7 +185,7 @@ class Outbox:
         write_atomic(self._inside(error_rel), json.dumps(document, ensure_ascii=False).encode())
         for suffix in RESULT_SUFFIXES:
             self._inside(out + suffix).unlink(missing_ok=True)
-        if self.pages or frames > 1:
+        if self._every_outcome_drops_pages or frames > 1:
             self._drop_pages(out, 0)
         return error_rel
 
@@ -222,7 +223,7 @@ class Outbox:
             write_atomic(self._inside(json_rel), json.dumps(document, ensure_ascii=False).encode())
         if self.write_errors:  # an earlier failure of this name (retried, or dropped again) is over
             self._inside(out + ERROR_SUFFIX).unlink(missing_ok=True)
-        if self.pages or frames > 1:
+        if self._every_outcome_drops_pages or frames > 1:
             self._drop_pages(out, pages)
         return None if json_rel is None else as_text(json_rel)
 
