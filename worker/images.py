@@ -674,7 +674,8 @@ def _pillow_pixels(im: Image.Image, name: str, deep: bool, tags: Mapping[int, An
     gray frame's own uint16, or with `floats` (depth 32) a signed 16-bit gray frame's own values (int16).
     Pillow's conversion to RGB clips 16-bit gray at 255 (a microscope's frame would come out white), where
     OpenCV keeps the high byte; it holds 16-bit colour at 8 bits only, which depth 16 refuses rather than
-    widen. `tags`: a TIFF's (the frame's own unless given: a transposed copy has none)."""
+    widen. A TIFF's colour with alpha comes over black, and its gray with associated alpha as stored, as
+    libtiff gives them to OpenCV. `tags`: a TIFF's (the frame's own unless given: a transposed copy has none)."""
     tags = getattr(im, "tag_v2", {}) if tags is None else tags
     if im.mode in _GRAY16:
         gray = np.asarray(im).astype(np.uint16)  # native byte order, whatever the file's
