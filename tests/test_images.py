@@ -518,10 +518,10 @@ def test_a_signed_16_bit_tiff_decodes_as_opencv_reads_it_whoever_reads_it(tmp_pa
     capfd.readouterr()  # OpenCV's own warnings for the uncompressed file's pages are not what this checks
 
 
-def _tiff(pages: list[np.ndarray], compression: int = 1, extra: int = 0) -> bytes:
+def _tiff(pages: list[np.ndarray], compression: int = 1, extra: int = 0, cmyk: bool = False) -> bytes:
     """A classic little-endian TIFF of (H, W) or (H, W, C) pages of any integer or float dtype, each in one
     strip, uncompressed or LZMA (34925); C of 2 or 4 with ExtraSamples `extra` (1 associated alpha, 2
-    unassociated)."""
+    unassociated), or with `cmyk` 4 inks (PhotometricInterpretation 5)."""
     import lzma
 
     out = bytearray(b"II" + struct.pack("<HI", 42, 0))
@@ -539,8 +539,9 @@ def _tiff(pages: list[np.ndarray], compression: int = 1, extra: int = 0) -> byte
             out += struct.pack(f"<{c}H", *[value] * c) + b"\0\0"
             per_sample.append((c, struct.unpack_from("<I", out, at)[0] if c <= 2 else at))
         entries = sorted([(256, 4, 1, w), (257, 4, 1, h), (258, 3, *per_sample[0]), (259, 3, 1, compression),
-                          (262, 3, 1, 2 if c >= 3 else 1), (273, 4, 1, pixels), (277, 3, 1, c), (278, 4, 1, h),
-                          (279, 4, 1, len(strip)), (339, 3, *per_sample[1])] + [(338, 3, 1, extra)] * (c in (2, 4)))
+                          (262, 3, 1, 5 if cmyk else 2 if c >= 3 else 1), (273, 4, 1, pixels), (277, 3, 1, c),
+                          (278, 4, 1, h), (279, 4, 1, len(strip)), (339, 3, *per_sample[1])] +
+                         [(338, 3, 1, extra)] * (c in (2, 4) and not cmyk))
         struct.pack_into("<I", out, link, len(out))
         out += struct.pack("<H", len(entries)) + b"".join(struct.pack("<HHII", *e) for e in entries)
         link = len(out)
@@ -554,7 +555,8 @@ def test_a_tiff_opencv_cannot_read_decodes_as_the_same_pages_uncompressed(tmp_pa
     libtiff premultiplies it for OpenCV (Pillow's straight colour, before: a transparent pixel kept its
     colour); gray with associated alpha as stored (before: refused, Pillow converts it to nothing); signed
     8-bit gray's own values at depth 32 (before: read unsigned), and OpenCV's later pages of it at depth 16
-    as 8-bit widened (before: int8 went on). Samples neither takes are named."""
+    as 8-bit widened (before: int8 went on); CMYK as libtiff converts it (before: Pillow's rounding, +-1).
+    Samples neither takes are named."""
     rng = np.random.default_rng(5)
     alpha = rng.integers(0, 256, (2, 6, 7, 1)).astype(np.uint16)
     cases = {
@@ -564,12 +566,13 @@ def test_a_tiff_opencv_cannot_read_decodes_as_the_same_pages_uncompressed(tmp_pa
         "gray-associated": ([np.concatenate([rng.integers(0, 256, (6, 7, 1)) * a // 255, a], axis=2).astype(np.uint8)
                              for a in alpha], 1, 0),
         "int8": ([rng.integers(-128, 128, (6, 7), dtype=np.int8) for _ in range(2)], 0, 0),
+        "cmyk": ([rng.integers(0, 256, (6, 7, 4), dtype=np.uint8) for _ in range(2)], -1, 0),  # -1: inks, no alpha
     }
     results: dict[str, dict[int, list[list[np.ndarray]]]] = {}
     for label, (pages, extra, within) in cases.items():
         got = results[label] = {}
         for compression in (1, 34925):
-            data = _tiff(pages, compression, extra)
+            data = _tiff(pages, compression, max(extra, 0), cmyk=extra < 0)
             path = tmp_path / f"{label}-{compression}.tif"
             path.write_bytes(data)
             for depth in (8, 16, 32):

@@ -674,8 +674,8 @@ def _pillow_pixels(im: Image.Image, name: str, deep: bool, tags: Mapping[int, An
     gray frame's own uint16, or with `floats` (depth 32) a signed 16-bit gray frame's own values (int16).
     Pillow's conversion to RGB clips 16-bit gray at 255 (a microscope's frame would come out white), where
     OpenCV keeps the high byte; it holds 16-bit colour at 8 bits only, which depth 16 refuses rather than
-    widen. A TIFF's colour with alpha comes over black, and its gray with associated alpha as stored, as
-    libtiff gives them to OpenCV. `tags`: a TIFF's (the frame's own unless given: a transposed copy has none)."""
+    widen. A TIFF's colour with alpha comes over black, its gray with associated alpha as stored and its
+    CMYK converted as libtiff gives them to OpenCV. `tags`: a TIFF's (the frame's own unless given: a transposed copy has none)."""
     tags = getattr(im, "tag_v2", {}) if tags is None else tags
     if im.mode in _GRAY16:
         gray = np.asarray(im).astype(np.uint16)  # native byte order, whatever the file's
@@ -698,4 +698,8 @@ def _pillow_pixels(im: Image.Image, name: str, deep: bool, tags: Mapping[int, An
                                 f"uncompressed, or with LZW or Deflate")
     if im.mode in ("RGBA", "RGBa") and _one(tags.get(_EXTRA_SAMPLES, 0)) in (1, 2):
         return _over_black(im)  # a TIFF's alpha, as libtiff hands it to OpenCV
+    if im.mode == "CMYK" and tags:  # a TIFF's CMYK as libtiff converts it for OpenCV (Pillow's rounds: +-1)
+        cmyk = np.asarray(im).astype(np.uint16)
+        white = 255 - cmyk[:, :, 3:]
+        return np.ascontiguousarray((white * (255 - cmyk[:, :, 2::-1]) // 255).astype(np.uint8))  # Y M C -> B G R
     return _bgr(im)
