@@ -13,6 +13,9 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+# watchdog 7.0 (the lowest version allowed) starts its inotify thread, a process-wide singleton, when
+# this is imported: imported here, before any test, it is not taken for the leak of whichever test came first
+import watchdog.observers  # noqa: F401
 
 from worker import mounts
 from worker.config import Config, load

@@ -549,6 +549,15 @@ def _tiff(pages: list[np.ndarray], compression: int = 1, extra: int = 0, cmyk: b
     return bytes(out)
 
 
+def _pillow_reads(data: bytes) -> bool:
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            im.load()
+        return True
+    except Exception:
+        return False
+
+
 def test_a_tiff_opencv_cannot_read_decodes_as_the_same_pages_uncompressed(tmp_path, capfd) -> None:
     """Pages OpenCV cannot read (LZMA here) go to Pillow, which must give what OpenCV gives for the same pages
     uncompressed, every page, at every depth, from bytes and from disk: colour with alpha over black, as
@@ -575,12 +584,18 @@ def test_a_tiff_opencv_cannot_read_decodes_as_the_same_pages_uncompressed(tmp_pa
             data = _tiff(pages, compression, max(extra, 0), cmyk=extra < 0)
             path = tmp_path / f"{label}-{compression}.tif"
             path.write_bytes(data)
+            if compression != 1 and not _pillow_reads(data):  # Pillow 10.0 reads no gray with associated alpha
+                with pytest.raises(DecodeError, match=r"neither OpenCV nor Pillow here reads this TIFF \(compressed "
+                                                      r"with LZMA\)"):
+                    decode(data, path.name, 0)
+                del results[label]
+                break
             for depth in (8, 16, 32):
                 pair = [decode(data, path.name, 0, depth), *later_pages(data, path.name, 0, depth)]
                 with path.open("rb") as f:
                     pair += list(file_pages(f, reopenable(f, path), path.name, 0, depth))
                 got.setdefault(depth, []).append(pair)
-        for depth, (opencv, pillow) in got.items():
+        for depth, (opencv, pillow) in got.items() if label in results else ():
             assert len(opencv) == len(pillow) == 4 and all(o.dtype == p.dtype for o, p in zip(opencv, pillow))
             diff = max(int(np.abs(o.astype(np.int64) - p.astype(np.int64)).max()) for o, p in zip(opencv, pillow))
             assert diff <= within * (257 if depth == 16 else 1), (label, depth, diff)
