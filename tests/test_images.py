@@ -595,7 +595,9 @@ def test_a_tiff_opencv_cannot_read_decodes_as_the_same_pages_uncompressed(tmp_pa
                 with path.open("rb") as f:
                     pair += list(file_pages(f, reopenable(f, path), path.name, 0, depth))
                 got.setdefault(depth, []).append(pair)
-        for depth, (opencv, pillow) in got.items() if label in results else ():
+        if label not in results:
+            continue
+        for depth, (opencv, pillow) in got.items():
             assert len(opencv) == len(pillow) == 4 and all(o.dtype == p.dtype for o, p in zip(opencv, pillow))
             diff = max(int(np.abs(o.astype(np.int64) - p.astype(np.int64)).max()) for o, p in zip(opencv, pillow))
             assert diff <= within * (257 if depth == 16 else 1), (label, depth, diff)

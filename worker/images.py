@@ -237,7 +237,7 @@ def _samples_32bit(fields: dict[int, int]) -> str | None:
 def _is_32bit(mode: str, bits: int | tuple[int, ...]) -> bool:
     """Pillow's float mode, or its 32-bit integer one holding a TIFF's 32-bit samples (it also holds
     16-bit PGMs, which decode as pixels)."""
-    return mode == "F" or (mode == "I" and max(bits if isinstance(bits, tuple) else (bits,)) == 32)
+    return mode == "F" or (mode == "I" and _one(bits) == 32)
 
 
 def decode(data: bytes, name: str, max_pixels: int, depth: int = 8) -> np.ndarray:
@@ -663,6 +663,11 @@ def _high_byte(signed: np.ndarray) -> np.ndarray:
     return (signed.view(np.uint16) >> 8).astype(np.uint8)
 
 
+def _gray3(gray: np.ndarray) -> np.ndarray:
+    """(H, W) -> (H, W, 3), the one channel three times, as OpenCV gives a gray image in colour."""
+    return np.ascontiguousarray(np.repeat(gray[:, :, None], 3, axis=2))
+
+
 def _one(value: int | tuple[int, ...]) -> int:
     """A TIFF field Pillow gives as a number or a tuple of one per sample: the largest."""
     return max(value) if isinstance(value, tuple) else value
@@ -680,17 +685,17 @@ def _pillow_pixels(im: Image.Image, name: str, deep: bool, tags: Mapping[int, An
     if im.mode in _GRAY16:
         gray = np.asarray(im).astype(np.uint16)  # native byte order, whatever the file's
         gray8or16 = gray if deep else (gray >> 8).astype(np.uint8)
-        return np.ascontiguousarray(np.repeat(gray8or16[:, :, None], 3, axis=2))
+        return _gray3(gray8or16)
     bits = tags.get(_BITS, 8)
     if im.mode == "I" and _one(bits) == 16 and _one(tags.get(_FORMAT, 1)) == 2:  # signed 16-bit gray, as int32
         # as OpenCV decodes such a TIFF: its values at depth 32, else the high byte of each sample's bits
         # (-1 -> 255, 256 -> 1), which depth 16 widens as it does any 8-bit image
         signed = np.asarray(im).astype(np.int16)
-        return np.ascontiguousarray(np.repeat((signed if floats else _high_byte(signed))[:, :, None], 3, axis=2))
+        return _gray3(signed if floats else _high_byte(signed))
     if floats and im.mode == "L" and _one(tags.get(_FORMAT, 1)) == 2:  # signed 8-bit gray: its values at depth 32
-        return np.ascontiguousarray(np.repeat(np.asarray(im).view(np.int8)[:, :, None], 3, axis=2))
+        return _gray3(np.asarray(im).view(np.int8))
     if im.mode == "La":  # gray stored premultiplied, which OpenCV takes as it is (Pillow converts it to nothing)
-        return np.ascontiguousarray(np.repeat(np.asarray(im)[:, :, :1], 3, axis=2))
+        return _gray3(np.asarray(im)[:, :, 0])
     if deep and _one(bits) == 16:
         compression = OPENCV_LACKS.get(tags.get(_COMPRESSION, 0), "its compression")
         raise DecodeError(name, f"a 16-bit colour TIFF that OpenCV cannot read ({compression}): Pillow reads "
