@@ -352,8 +352,9 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = 
     buf = np.frombuffer(data, dtype=np.uint8)
     # applies EXIF orientation, gray->3 channels, and 16->8 bit unless deep
     img = cv2.imdecode(buf, cv2.IMREAD_COLOR | (cv2.IMREAD_ANYDEPTH if deep else 0))
-    if deep and not floats and img is not None and img.dtype not in (np.uint8, np.uint16):  # Radiance HDR
-        img = cv2.imdecode(buf, cv2.IMREAD_COLOR)
+    if deep and not floats and img is not None and img.dtype not in (np.uint8, np.uint16):
+        # a signed TIFF in 8 bits as OpenCV's 8-bit read gives it; anything else (Radiance HDR) read so
+        img = _unsigned(img) if img.dtype in (np.int16, np.int8) else cv2.imdecode(buf, cv2.IMREAD_COLOR)
     if img is None:
         img = _decode_with_pillow(data, name, deep=deep, floats=floats)  # GIF, some TIFFs and WebPs OpenCV cannot read
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
@@ -543,10 +544,8 @@ def _as_page(img: np.ndarray, name: str, depth: int) -> np.ndarray:
         return _as_samples(img, name)
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
-    if img.dtype == np.int16:  # OpenCV's any-depth read of a signed page: 8 bits, as the first page's
-        img = _high_byte(img)
-    elif img.dtype == np.int8:
-        img = img.view(np.uint8)
+    if img.dtype in (np.int16, np.int8):  # OpenCV's any-depth read of a signed page: 8 bits, as the first page's
+        img = _unsigned(img)
     return widen(img) if depth == 16 and img.dtype == np.uint8 else img
 
 
@@ -661,6 +660,11 @@ def _high_byte(signed: np.ndarray) -> np.ndarray:
     """int16 -> uint8 as OpenCV's 8-bit read of a signed 16-bit TIFF gives it: the high byte of each
     sample's bits (-1 -> 255, 256 -> 1, -30000 -> 138)."""
     return (signed.view(np.uint16) >> 8).astype(np.uint8)
+
+
+def _unsigned(signed: np.ndarray) -> np.ndarray:
+    """A signed TIFF's int16 or int8 samples as OpenCV's 8-bit read of the file gives them."""
+    return _high_byte(signed) if signed.dtype == np.int16 else signed.view(np.uint8)
 
 
 def _gray3(gray: np.ndarray) -> np.ndarray:
