@@ -112,8 +112,23 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     out = r.invoke(cli, ["--config", str(conf), "query", "--format", "json"])
     rows = json.loads(out.output)
     assert {x["rel_path"]: x["status"] for x in rows} == {"page.png": "done", "bad.jpg": "failed"}
+    # what happened to one image, from the database alone: where it was, when, each stage's time, its result
+    done = next(x for x in rows if x["status"] == "done")
+    [written] = (tmp_path / "outbox").rglob(done["json_path"])
+    document = json.loads(written.read_text())
+    assert done["root"] == str(folder) and done["created_at"] <= done["updated_at"]
+    assert done["result"] == {k: v for k, v in document.items() if k != "mask"}  # its path is mask_path
+    assert done["mask_path"] == document["mask"] == "page.png.mask.png"
+    stages = ["queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms"]
+    assert all(done[s] > 0 for s in stages) and done["batch_size"] == 1
+    assert sum(done[s] for s in stages) <= done["total_ms"]
+    assert {f"{k}_ms": v for k, v in document["timings_ms"].items()} == {s: done[s] for s in stages[:-1]}
+    failed = next(x for x in rows if x["status"] == "failed")
+    assert failed["result"] is None and failed["error"] == "not an image (unknown or corrupt format)"
     out = r.invoke(cli, ["--config", str(conf), "query", "--status", "failed", "--format", "csv"])
     assert out.output.splitlines()[0].startswith("id,run_id,rel_path") and "bad.jpg" in out.output
+    assert out.output.splitlines()[0].endswith(",created_at,root," + ",".join(stages) + ",batch_size,sha256,"
+                                                                               "json_path,mask_path")
     out = r.invoke(cli, ["--config", str(conf), "query", "--label", "text", "--min-score", "0.5"])
     assert "page.png" in out.output and "bad.jpg" not in out.output
     out = r.invoke(cli, ["--config", str(conf), "query", "--since", "yesterday"])

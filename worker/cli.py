@@ -15,7 +15,7 @@ import sys
 import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Sequence
 
 import click
 
@@ -261,12 +261,13 @@ def _when(value: str | None) -> datetime | None:
     return None if value is None else _cutoff(value)
 
 
-def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[str]) -> None:
+def _emit(rows: list[dict[str, Any]], fmt: str, columns: list[str], more: Sequence[str] = ()) -> None:
+    """Rows as JSON (every field), CSV (`columns`, then `more`) or a table (`columns`)."""
     if fmt == "json":
         click.echo(json.dumps(rows, indent=1, default=str))
     elif fmt == "csv":
         buf = io.StringIO()
-        w = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+        w = csv.DictWriter(buf, fieldnames=[*columns, *more], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
         click.echo(buf.getvalue(), nl=False)
@@ -314,7 +315,7 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
       worker query --since 2h --status failed
     """
     from worker.store.db import database
-    from worker.store.queries import Filters, query_images
+    from worker.store.queries import STAGES, Filters, query_images
 
     cfg = _load(ctx, db=db)
     filters = Filters(status=status, path=path_glob, since=_when(since), until=_when(until),
@@ -322,7 +323,8 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     with database(cfg.db, create=False, read_only=True) as engine:
         rows = query_images(engine, filters)
     _emit(rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label", "score", "total_ms",
-                      "updated_at", "error"])
+                      "updated_at", "error"], more=["created_at", "root", *STAGES[:-1], "batch_size", "sha256",
+                                                   "json_path", "mask_path"])
 
 
 @cli.command()

@@ -62,14 +62,22 @@ def other_roots(db: Engine, outbox: str, root: str) -> list[str]:
     return [r.root if r.host == here else f"{r.host}:{r.root}" for r in rows]
 
 
+STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms", "total_ms")
+
+
 def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
-    """One row per image: status, error, score, top label and total latency."""
+    """One row per image: status, error, score, top label, when it was first and last seen, the folder
+    of the run that last touched it (`root`), each stage's latency (STAGES, and `batch_size`) and
+    `result`, the document its outbox JSON holds but for the mask's path, which is `mask_path` (None for
+    an image not done)."""
     top_label = (select(LabelRow.name).where(LabelRow.image_id == ImageRow.id)
                  .order_by(LabelRow.score.desc()).limit(1).scalar_subquery())
+    root = select(Run.root).where(Run.id == ImageRow.run_id).scalar_subquery()
     stmt = (select(ImageRow.id, ImageRow.run_id, ImageRow.rel_path, ImageRow.status, ImageRow.attempts,
-                   ImageRow.error, ImageRow.model, ImageRow.sha256, ImageRow.updated_at, ResultRow.task,
-                   ResultRow.score, ResultRow.json_path, ResultRow.mask_path, top_label.label("top_label"),
-                   TimingRow.total_ms)
+                   ImageRow.error, ImageRow.model, ImageRow.sha256, ImageRow.created_at, ImageRow.updated_at,
+                   root.label("root"), ResultRow.task, ResultRow.score, ResultRow.json_path, ResultRow.mask_path,
+                   top_label.label("top_label"), *(getattr(TimingRow, s) for s in STAGES), TimingRow.batch_size,
+                   ResultRow.payload.label("result"))
             .outerjoin(ResultRow, ResultRow.image_id == ImageRow.id)
             .outerjoin(TimingRow, TimingRow.image_id == ImageRow.id))
     conds = []
@@ -105,7 +113,8 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
     out = []
     for r in rows:
         d = dict(r)
-        d["updated_at"] = d["updated_at"].isoformat() if d["updated_at"] else None
+        for when in ("created_at", "updated_at"):
+            d[when] = d[when].isoformat() if d[when] else None
         out.append(d)
     return out
 
@@ -115,9 +124,6 @@ def _require_run(c: Any, run_id: int | None) -> None:
     not an empty answer: `query`, `stats`, `retry` and `export` said nothing, or wrote an empty file."""
     if run_id is not None and c.execute(select(Run.id).where(Run.id == run_id)).first() is None:
         raise StoreError(f"no run {run_id} on record (`worker stats` lists the latest runs)")
-
-
-STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms", "total_ms")
 
 
 # a run of months holds millions of memory samples and timing rows: beyond these, every k-th is
