@@ -125,6 +125,14 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     assert {f"{k}_ms": v for k, v in document["timings_ms"].items()} == {s: done[s] for s in stages[:-1]}
     failed = next(x for x in rows if x["status"] == "failed")
     assert failed["result"] is None and failed["error"] == "not an image (unknown or corrupt format)"
+    # --limit keeps the latest (by last update), and says that it left some out; the JSON stays JSON
+    latest = max(rows, key=lambda x: (x["updated_at"], x["id"]))
+    out = r.invoke(cli, ["--config", str(conf), "query", "--format", "json", "--limit", "1"])
+    assert [x["id"] for x in json.loads(out.stdout)] == [latest["id"]]
+    assert out.stderr == "(the latest 1 matching images, oldest first; --limit shows more)\n"
+    out = r.invoke(cli, ["--config", str(conf), "query", "--format", "json", "--limit", "2"])
+    assert [x["id"] for x in json.loads(out.stdout)] == [x["id"] for x in rows] and out.stderr == ""
+    assert rows == sorted(rows, key=lambda x: (x["updated_at"], x["id"])), "oldest first"
     out = r.invoke(cli, ["--config", str(conf), "query", "--status", "failed", "--format", "csv"])
     assert out.output.splitlines()[0].startswith("id,run_id,rel_path") and "bad.jpg" in out.output
     assert out.output.splitlines()[0].endswith(",created_at,root," + ",".join(stages) + ",batch_size,sha256,"

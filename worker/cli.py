@@ -321,7 +321,10 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     filters = Filters(status=status, path=path_glob, since=_when(since), until=_when(until),
                       run_id=run_id, min_score=min_score, label=label, model=model, limit=limit)
     with database(cfg.db, create=False, read_only=True) as engine:
-        rows = query_images(engine, filters)
+        rows = query_images(engine, dataclasses.replace(filters, limit=limit + 1))  # one more: are there more?
+    if len(rows) > limit:
+        rows = rows[1:]
+        click.echo(f"(the latest {limit} matching images, oldest first; --limit shows more)", err=True)
     _emit(rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label", "score", "total_ms",
                       "updated_at", "error"], more=["created_at", "root", *STAGES[:-1], "batch_size", "sha256",
                                                    "json_path", "mask_path"])

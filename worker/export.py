@@ -8,12 +8,11 @@ from typing import Any
 
 import cv2
 import numpy as np
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 
 from worker.names import on_disk
 from worker.results import region_dicts
 from worker.store.queries import Filters, query_images
-from worker.store.schema import ResultRow
 from worker.tasks.segment import regions
 
 log = logging.getLogger(__name__)
@@ -31,12 +30,6 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     as a run-length encoding of its pixels instead (uncompressed COCO RLE: exact, holes included).
     """
     rows = [r for r in query_images(db, filters) if r["status"] == "done" and r["task"] == task]
-    payloads: dict[int, dict[str, Any]] = {}
-    if rows:
-        with db.connect() as c:
-            for image_id, payload in c.execute(select(ResultRow.image_id, ResultRow.payload)
-                                               .where(ResultRow.image_id.in_([r["id"] for r in rows]))):
-                payloads[image_id] = payload
     images: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     seen: dict[int, str] = {}  # class id -> name, as the results name it
@@ -46,7 +39,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     next_id = max((r["id"] for r in rows), default=0) + 1
     parts: list[tuple[int, dict[str, Any], str | None, dict[str, Any]]] = []  # id, result, mask, COCO image
     for r in rows:
-        doc = payloads.get(r["id"], {})
+        doc = r["result"]
         if not isinstance(doc.get("pages"), list):
             w, h = _size(doc)
             parts.append((r["id"], doc, r["mask_path"], {"id": r["id"], "file_name": r["rel_path"], "width": w,

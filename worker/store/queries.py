@@ -44,7 +44,7 @@ class Filters:
     min_score: float | None = None
     label: str | None = None
     model: str | None = None  # the model card's name
-    limit: int = 1000
+    limit: int = 1000  # the latest this many (by last update)
 
 
 def other_roots(db: Engine, outbox: str, root: str) -> list[str]:
@@ -106,12 +106,14 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
         conds.append(ImageRow.id.in_(sub))
     if conds:
         stmt = stmt.where(and_(*conds))
-    stmt = stmt.order_by(ImageRow.updated_at, ImageRow.id).limit(f.limit)
+    # the latest `limit` (a database of months answered with its first thousand images hid today's),
+    # listed oldest first
+    stmt = stmt.order_by(ImageRow.updated_at.desc(), ImageRow.id.desc()).limit(f.limit)
     with db.connect() as c:
         _require_run(c, f.run_id)
         rows = c.execute(stmt).mappings().all()
     out = []
-    for r in rows:
+    for r in reversed(rows):
         d = dict(r)
         for when in ("created_at", "updated_at"):
             d[when] = d[when].isoformat() if d[when] else None
