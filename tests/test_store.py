@@ -993,3 +993,60 @@ def test_a_full_database_disk_pauses_the_worker_and_loses_nothing(cfg, tmp_path:
         assert {r.status for r in image_rows(cfg).values()} == {"done"} and len(image_rows(cfg)) == 30
     finally:
         subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_stats_in_a_window_cover_only_what_happened_in_it(tmp_path: Path) -> None:
+    """`stats --since/--until`: a watcher of ten days asked about its last day gets that day's counts,
+    rate, latency and memory (the warm-up still counted from the run's start), and only runs active then."""
+    from sqlalchemy.orm import Session
+
+    from worker.store.schema import MemorySample, Run, TimingRow
+
+    db = open_db(f"sqlite:///{tmp_path / 'w.db'}")
+    t0 = datetime(2026, 9, 1, tzinfo=timezone.utc)
+    day = timedelta(days=1)
+    with Session(db) as session:
+        old = Run(mode="run", host="h", pid=1, root="/old", model="m", model_sha256="", providers="cpu", config={},
+                  version="0", started_at=t0 - 2 * day, finished_at=t0 - day)
+        watcher = Run(mode="watch", host="h", pid=2, root="/in", model="m", model_sha256="", providers="cpu",
+                      config={}, version="0", started_at=t0)  # still running
+        session.add_all([old, watcher])
+        session.flush()
+        old_id, watcher_id = old.id, watcher.id
+        # a row an hour for ten days (the pipeline did 1 image/s, 2 on the last day, as a soak replaying
+        # its images counts them); the last day's took twice as long, and RSS grew 1 MB an hour then
+        for i in range(240):
+            at = t0 + timedelta(hours=i, minutes=30)
+            session.add(ImageRow(id=i + 1, run_id=watcher.id, rel_path=f"{i}.png", sha256=f"{i:064d}", model="m",
+                                 size=1, status="failed" if i % 48 == 47 else "done", attempts=1, created_at=at,
+                                 updated_at=at))
+            session.flush()
+            session.add(TimingRow(image_id=i + 1, run_id=watcher.id, queue_wait_ms=1, decode_ms=1, preprocess_ms=1,
+                                  infer_ms=1, postprocess_ms=1, write_ms=1, total_ms=20.0 if i >= 216 else 10.0,
+                                  batch_size=1))
+        session.add_all(MemorySample(run_id=watcher.id, at=t0 + timedelta(hours=h), fds=10, threads=10, queue_depth=0,
+                                     images_done=3600 * h + 3600 * max(0, h - 216),
+                                     rss_bytes=int((100 + max(0, h - 216)) * 2**20))
+                        for h in range(241))
+        session.commit()
+    last_day = t0 + 9 * day
+    (st,) = run_stats(db, since=last_day, warmup_s=3600)
+    assert st["run"] == watcher_id and st["window"] == {"since": last_day.isoformat(), "until": None}
+    assert st["counts"] == {"done": 23, "failed": 1}  # hours 216-239; 239 failed
+    assert st["latency_ms"]["total_ms"]["p50"] == 20.0 and st["latency_images"]["of"] == 23
+    assert st["images_per_s"] == 2.0
+    m = st["memory"]
+    assert (m["rss_start_mb"], m["rss_end_mb"], m["samples"]) == (100.0, 124.0, 25)
+    assert m["steady_samples"] == 25 and abs(m["slope_mb_per_h"] - 1.0) < 0.01  # its start is long past the warm-up
+    # the whole run, for comparison: ten days, mostly flat and fast
+    (whole,) = run_stats(db, run_id=watcher_id, warmup_s=3600)
+    assert whole["counts"] == {"done": 235, "failed": 5} and whole["latency_ms"]["total_ms"]["p50"] == 10.0
+    assert whole["memory"]["samples"] == 241 and whole["window"] == {"since": None, "until": None}
+    # a window in the old run's time: only it; one before every run: none
+    (st,) = run_stats(db, since=t0 - 1.5 * day, until=t0 - 1.2 * day)
+    assert st["run"] == old_id and st["counts"] == {} and st["images_per_s"] == 0.0
+    assert run_stats(db, since=t0 - 5 * day, until=t0 - 4 * day) == []
+    (st,) = run_stats(db, since=t0 + 2 * day, until=t0 + 3 * day)  # a day in the middle of the watch
+    assert st["counts"] == {"done": 24} and st["memory"]["rss_end_mb"] == 100.0
+    assert 0.95 <= st["images_per_s"] <= 1.0  # its samples reach the window's last hour, not its end
+    db.dispose()

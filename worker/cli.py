@@ -336,14 +336,18 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @db_option
 @click.option("--warmup", default=None, help="Left out of the RSS slopes: 90s, 10m (default: metrics.warmup_s).")
+@click.option("--since", help="Only what happened at or after: an ISO time (UTC if no zone) or an age, e.g. 24h.")
+@click.option("--until", help="Only what happened before: an ISO time or an age, as --since.")
 @click.pass_context
-def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str | None, warmup: str | None) -> None:
+def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str | None, warmup: str | None,
+          since: str | None, until: str | None) -> None:
     """Per-run counts, throughput, per-stage latency percentiles and memory trend.
 
     \b
     Example:
       worker stats --last 3
       worker stats --run 12 --warmup 10m
+      worker stats --since 24h     # a watcher of months: its last day
     """
     from worker.store.db import database
     from worker.store.queries import run_stats
@@ -351,16 +355,20 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
     cfg = _load(ctx, db=db)
     warm = _duration(warmup) if warmup else cfg.metrics.warmup_s
     with database(cfg.db, create=False, read_only=True) as engine:
-        runs = run_stats(engine, run_id=run_id, last=last, warmup_s=warm)
+        runs = run_stats(engine, run_id=run_id, last=last, warmup_s=warm, since=_when(since), until=_when(until))
     if fmt == "json":
         click.echo(json.dumps(_nan_to_none(runs), indent=1))
         return
     if not runs:
-        click.echo("no runs on record yet (`worker run` or `worker watch` records one)")
+        click.echo("no run active in that window" if since or until else
+                   "no runs on record yet (`worker run` or `worker watch` records one)")
     for r in runs:
         m = r["memory"]
         click.echo(f"run {r['run']} {r['mode']} model={r['model']} providers={r['providers']} "
                    f"started={r['started_at']} finished={r['finished_at'] or '-'}")
+        if since or until:
+            w = r["window"]
+            click.echo(f"  only from {w['since'] or 'its start'} until {w['until'] or 'now'}")
         if r["health"]["state"] != "finished":
             click.echo(f"  state: {r['health']['detail']}")
         click.echo(f"  counts: {json.dumps(r['counts'])}  images/s: {_or_dash(r['images_per_s'])}  "

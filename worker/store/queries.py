@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, exists, func, select
+from sqlalchemy import Engine, and_, exists, func, or_, select
 
 from worker.errors import StoreError
 from worker.jobs import JobStatus
@@ -134,23 +134,52 @@ SAMPLE_CAP = 20_000
 TIMING_CAP = 100_000
 
 
-def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: float = 60.0) -> list[dict[str, Any]]:
-    """Per run: counts, throughput, per-stage latency percentiles and the RSS trend."""
+def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: float = 60.0,
+              since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
+    """Per run: counts, throughput, per-stage latency percentiles and the RSS trend.
+
+    `since` / `until`: only what happened in that window (images by their last update, memory samples
+    by their time), of the runs that were active in it: a watcher of months asked about its last day.
+    The warm-up still counts from the run's start."""
+    window = _Window(since, until)
     with db.connect() as c:
         q = select(Run).order_by(Run.id.desc()).limit(last)
         if run_id is not None:
             _require_run(c, run_id)
             q = select(Run).where(Run.id == run_id)
+        if since is not None:  # active at or after it: finished then, or still running (a sample since)
+            sampled = exists().where(MemorySample.run_id == Run.id, MemorySample.at >= since)
+            q = q.where(or_(Run.finished_at >= since, Run.started_at >= since,
+                            and_(Run.finished_at.is_(None), sampled)))
+        if until is not None:
+            q = q.where(Run.started_at < until)
         runs = c.execute(q).mappings().all()
         out = []
         for run in reversed(runs):
             rid = run["id"]
-            counts = dict(c.execute(select(ImageRow.status, func.count()).where(ImageRow.run_id == rid)
+            counts = dict(c.execute(select(ImageRow.status, func.count())
+                                    .where(ImageRow.run_id == rid, *window.of(ImageRow.updated_at))
                                     .group_by(ImageRow.status)).all())
-            stats = _one_run(dict(run), counts, _timings(c, rid), _samples(c, rid), warmup_s)
+            stats = _one_run(dict(run), counts, _timings(c, rid, window), _samples(c, rid, window), warmup_s, window)
             stats["health"] = assess(dict(run), _latest_beats(c, dict(run), STALL_S), utcnow()).as_dict()
             out.append(stats)
     return out
+
+
+@dataclass(frozen=True)
+class _Window:
+    """A span of time `stats` is asked about; either end open."""
+    since: datetime | None = None
+    until: datetime | None = None
+
+    def of(self, column: Any) -> list[Any]:
+        """SQL conditions: `column` inside the window."""
+        return [*([column >= self.since] if self.since else []), *([column < self.until] if self.until else [])]
+
+    def clip(self, start: datetime, end: datetime | None) -> tuple[datetime, datetime | None]:
+        """[start, end] cut to the window."""
+        start = max(start, self.since) if self.since else start
+        return start, (min(end, self.until) if end and self.until else end)
 
 
 @dataclass(frozen=True)
@@ -161,10 +190,10 @@ class _Timings:
     batch_mean: float | None  # over all of them
 
 
-def _timings(c: Any, rid: int) -> _Timings:
+def _timings(c: Any, rid: int, window: _Window) -> _Timings:
     # done images only: a failed image times the stages it reached and 0 for the rest, which would
     # pull every percentile (and the mean batch) towards 0
-    where = (TimingRow.run_id == rid, ImageRow.status == JobStatus.DONE.value)
+    where = (TimingRow.run_id == rid, ImageRow.status == JobStatus.DONE.value, *window.of(ImageRow.updated_at))
     total, batch_mean = c.execute(select(func.count(), func.avg(TimingRow.batch_size))
                                   .join(ImageRow, ImageRow.id == TimingRow.image_id).where(*where)).one()
     stride = max(1, -(-total // TIMING_CAP))
@@ -182,22 +211,33 @@ class _Samples:
     stride: int
     peak_rss: int | None  # over all of them
     peak_gpu: int | None
-    most_done: int | None
+    most_done: int | None  # images the pipeline processed by the last of them, less those before them
+    first_at: datetime | None  # the run's first sample, in the window or not: where its warm-up starts
+    last_at: datetime | None  # the run's last sample, in the window or not: where an unfinished run is
 
 
-def _samples(c: Any, rid: int) -> _Samples:
+def _samples(c: Any, rid: int, window: _Window) -> _Samples:
+    where = (MemorySample.run_id == rid, *window.of(MemorySample.at))
     total, peak_rss, peak_gpu, most_done = c.execute(
         select(func.count(), func.max(MemorySample.rss_bytes), func.max(MemorySample.gpu_bytes),
-               func.max(MemorySample.images_done)).where(MemorySample.run_id == rid)).one()
+               func.max(MemorySample.images_done)).where(*where)).one()
+    first_at, last_at = c.execute(select(func.min(MemorySample.at), func.max(MemorySample.at))
+                                  .where(MemorySample.run_id == rid)).one()
+    if window.since is not None and most_done is not None:  # the count is the run's: less what was before
+        # done by the window's start: the last sample at or before it
+        before = c.execute(select(MemorySample.images_done)
+                           .where(MemorySample.run_id == rid, MemorySample.at <= window.since)
+                           .order_by(MemorySample.at.desc()).limit(1)).scalar()
+        most_done -= before or 0
     stride = max(1, -(-total // SAMPLE_CAP))
     cols = (MemorySample.at, MemorySample.rss_bytes, MemorySample.gpu_bytes, MemorySample.images_done)
-    q = select(*cols).where(MemorySample.run_id == rid).order_by(MemorySample.at)
+    q = select(*cols).where(*where).order_by(MemorySample.at)
     rows = list(c.execute(q.where(MemorySample.id % stride == 0) if stride > 1 else q).all())
     if stride > 1:  # the first and the last sample always: where the run started and where it is
         first = c.execute(q.limit(1)).first()
-        final = c.execute(select(*cols).where(MemorySample.run_id == rid).order_by(MemorySample.at.desc()).limit(1)).first()
+        final = c.execute(select(*cols).where(*where).order_by(MemorySample.at.desc()).limit(1)).first()
         rows = [first, *[r for r in rows if r.at not in (first.at, final.at)], final]
-    return _Samples(rows, total, stride, peak_rss, peak_gpu, most_done)
+    return _Samples(rows, total, stride, peak_rss, peak_gpu, most_done, first_at, last_at)
 
 
 def _latest_beats(c: Any, run: dict[str, Any], stall_s: float) -> list[Beat]:
@@ -226,19 +266,19 @@ def run_health(db: Engine, run_id: int | None = None, root: str | None = None,
 
 
 def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sampled: _Samples,
-             warmup_s: float) -> dict[str, Any]:
+             warmup_s: float, window: _Window = _Window()) -> dict[str, Any]:
     start, end = run["started_at"], run["finished_at"]
     samples = sampled.rows
     processed = counts.get("done", 0) + counts.get("failed", 0)
     # an unfinished run (running, or stopped without finishing): up to its last sample
-    until = end or (samples[-1].at if samples else None)
-    span = (until - start).total_seconds() if until else None
+    span_start, until = window.clip(start, end or sampled.last_at)
+    span = (until - span_start).total_seconds() if until and until > span_start else None
     stages = {s: percentiles([r[i] for r in timings.rows]) for i, s in enumerate(STAGES)}
     memory: dict[str, Any] = {"samples": sampled.total, "sample_stride": sampled.stride}
     if samples:
         # the sampler counts what the pipeline processed: a soak replays its images, one row each
         processed = max(processed, sampled.most_done or 0)
-        t0 = samples[0].at
+        t0 = sampled.first_at or samples[0].at  # the run's first sample: the warm-up counts from there
         secs = [(s.at - t0).total_seconds() for s in samples]
         mb = [s.rss_bytes / 2**20 for s in samples]
         steady = [(t, m) for t, m in zip(secs, mb) if t >= warmup_s]
@@ -265,6 +305,8 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sam
                                                                   [m for _, m in gpu_steady]), 3))
     return {"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
             "started_at": start.isoformat(), "finished_at": end.isoformat() if end else None,
+            "window": {"since": window.since.isoformat() if window.since else None,
+                       "until": window.until.isoformat() if window.until else None},
             "counts": counts, "images_per_s": round(processed / span, 2) if span else None,
             "batch_size_mean": round(timings.batch_mean, 2) if timings.batch_mean is not None else None,
             "latency_ms": {s: {k: round(v, 2) for k, v in p.items()} for s, p in stages.items()},
