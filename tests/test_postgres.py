@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -24,8 +25,8 @@ from tests.conftest import wait_for
 from worker.service import run_folder
 from worker.store.db import open_db
 from worker.store.health import RunState
-from worker.store.queries import other_roots, run_health, run_stats
-from worker.store.schema import ImageRow, LabelRow, ResultRow, TimingRow
+from worker.store.queries import Filters, other_roots, query_images, run_health, run_stats
+from worker.store.schema import ImageRow, LabelRow, ResultRow, TimingRow, utcnow
 
 
 def _pg_bin(name: str) -> str | None:
@@ -128,6 +129,15 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         assert stats["counts"] == {"done": 3} and stats["latency_ms"]["total_ms"]["p50"] > 0
         (stats,) = run_stats(db, run_id=second.run_id, warmup_s=0)
         assert stats["counts"] == {"failed": 1} and stats["health"]["state"] == "finished"
+        # a window (`stats --since`) and `query`'s rows, their documents from JSONB, there too
+        assert [st["run"] for st in run_stats(db, since=utcnow() - timedelta(hours=1))] == [first.run_id,
+                                                                                           second.run_id]
+        assert run_stats(db, until=utcnow() - timedelta(hours=1)) == []
+        found = {r["rel_path"]: r for r in query_images(db, Filters())}
+        assert found["chelsea.png"]["result"]["labels"][0]["name"] == outbox_top
+        assert found["chelsea.png"]["root"] == str(folder) and found["broken.jpg"]["result"] is None
+        assert [r["rel_path"] for r in query_images(db, Filters(limit=1))] == [max(
+            found.values(), key=lambda r: (r["updated_at"], r["id"]))["rel_path"]]
         # `worker health`'s reads: a run by id, and the latest watch run on an inbox (none here)
         assert run_health(db, run_id=first.run_id).state is RunState.FINISHED
         assert run_health(db, root=str(folder)) is None
@@ -154,7 +164,7 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
             second_rec.close()
 
         # `worker db prune` on PostgreSQL: everything ended goes; the image left processing, and its run, stay
-        from datetime import datetime, timedelta, timezone
+        from datetime import datetime, timezone
 
         from worker.store.prune import prune, vacuum
         pruned = prune(db, datetime.now(timezone.utc) + timedelta(days=1))
