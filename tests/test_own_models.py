@@ -634,6 +634,54 @@ def test_outputs_that_cannot_be_joined_stop_the_worker_at_start(own, outputs: st
 
 
 
+def _instance_segmenter(path: Path, shape: tuple[int, int], coefficients: int) -> None:
+    """(N, 3, 32, 48) -> output0 (N, *shape) and output1 (N, coefficients, 8, 12), as a YOLOv8-seg export
+    gives its boxes' values (4 box values, the class scores, the mask coefficients: (N, values, 84)
+    for 84 anchors; YOLOv5-seg's (N, 84, values)) and its prototype masks; the values are the image's
+    mean level times fixed noise."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("ReduceMean", ["images"], ["level"], axes=[1, 2, 3], keepdims=1),  # (N, 1, 1, 1)
+             helper.make_node("Squeeze", ["level", "axis"], ["level3"]),  # (N, 1, 1)
+             helper.make_node("Mul", ["level3", "rows"], ["output0"]),
+             helper.make_node("Mul", ["level", "protos"], ["output1"])]
+    inits = [numpy_helper.from_array(rng.random((1, *shape), dtype=np.float32), "rows"),
+             numpy_helper.from_array(rng.random((1, coefficients, 8, 12), dtype=np.float32), "protos"),
+             numpy_helper.from_array(np.array([3], np.int64), "axis")]
+    image = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 48])
+    outs = [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", *shape]),
+            helper.make_tensor_value_info("output1", TensorProto.FLOAT, ["N", coefficients, 8, 12])]
+    _save(helper.make_graph(nodes, "seg", [image], outs, initializer=inits), path)
+
+
+@pytest.mark.parametrize("layout, classes, coefficients, labels, said", [
+    ("yolov8", 3, 32, "[a, b, c]", "holds 4 box values, 3 class scores and 32 mask coefficients"),
+    ("yolov8", 3, 32, "[]", "holds 4 box values, then class scores and 32 mask coefficients"),
+    ("yolov5", 2, 16, "[a, b]", "holds 5 box values, 2 class scores and 16 mask coefficients"),
+])
+def test_an_instance_segmenter_under_a_detector_s_card_is_refused_saying_what_it_is(
+        own, layout: str, classes: int, coefficients: int, labels: str, said: str) -> None:
+    """A YOLOv8-seg export (boxes' rows of class scores and mask coefficients, and prototype masks) under
+    a detector's card: before, `the card lists 3 labels, but output 'output0' (39, 84) has 35 classes`,
+    and without labels its coefficients were read as 32 more classes."""
+    cfg, models, images = own
+    folder = _card_file(models, "seg", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+                                       "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
+                                       "std: [255, 255, 255]}\n"
+                                       f"postprocess: {{output: output0, layout: {layout}}}\nlabels: {labels}")
+    values = (5 if layout == "yolov5" else 4) + classes + coefficients
+    shape = (84, values) if layout == "yolov5" else (values, 84)
+    _instance_segmenter(folder / "seg.onnx", shape, coefficients)
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError) as refused:
+        run_folder(dataclasses.replace(cfg, model="seg"), images)
+    assert str(refused.value) == (
+        f"model 'seg': output 'output0' {shape} {said} for output 'output1' ['N', {coefficients}, 8, 12]: an "
+        f"instance segmenter (as YOLOv8-seg exports), which the worker does not run; give it the detector of the "
+        f"same family (a yolov8n.onnx, not a yolov8n-seg.onnx) for boxes")
+    assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
+
 def _argmax_segmenter(path: Path, keepdims: int) -> None:
     """The 1x1 channel copy, then ArgMax over the channels: int64 class indices, (N, 1, 32, 48) or
     (N, 32, 48), as an export that ends in ArgMax gives them."""

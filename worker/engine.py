@@ -134,6 +134,9 @@ class Engine:
         for name in self.output_names:
             if name not in {o.name for o in model_outputs}:
                 raise ModelError(f"{onnx_path}: no output named '{name}' (has {[o.name for o in model_outputs]})")
+        # what a card that contradicts its model may be told about (an instance segmenter's mask prototypes)
+        self.other_outputs: tuple[tuple[str, tuple[int | str, ...]], ...] = tuple(
+            (o.name, tuple(o.shape)) for o in model_outputs if o.name not in self.output_names)
         if set(names) - {self.input_name, sizes_input}:  # onnxruntime would refuse every run for the inputs left out
             listed = ", ".join(f"'{i.name}' {list(i.shape)}" for i in inputs)
             hint = " (one that takes image sizes, as RT-DETR's orig_target_sizes: name it in input.sizes)" \

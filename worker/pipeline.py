@@ -984,7 +984,7 @@ def warm_up_stages(adapter: TaskAdapter, engine: Engine, max_pixels: int, depth:
         return
     # a card that contradicts its model (a labels file for another model, a multi-class segmenter)
     # stops the worker here, instead of failing or mislabelling every image
-    adapter.check_output(output)
+    adapter.check_output(output, engine.other_outputs)
     try:
         adapter.postprocess(output, geometry)
     except Exception as e:

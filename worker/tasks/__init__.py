@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -10,6 +10,9 @@ from worker.errors import ModelError
 from worker.models.card import ModelCard
 from worker.results import Result
 from worker.tasks.preprocess import Geometry
+
+# a model's other outputs, as onnxruntime declares them: (name, shape with symbolic dimensions as text)
+Outputs = Sequence[tuple[str, tuple[int | str, ...]]]
 
 
 class TaskAdapter(Protocol):
@@ -22,8 +25,9 @@ class TaskAdapter(Protocol):
         """One image's slice of the network output -> a result in original-image coordinates."""
         ...
 
-    def check_output(self, output: np.ndarray) -> None:
-        """Raise ModelError when one image's output contradicts the card (shape, number of classes)."""
+    def check_output(self, output: np.ndarray, others: Outputs = ()) -> None:
+        """Raise ModelError when one image's output contradicts the card (shape, number of classes).
+        `others`: the model's outputs the card does not use, (name, shape), for saying what it is."""
         ...
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 
 from worker.results import Classification
-from worker.tasks import activate, check_labels
+from worker.tasks import Outputs, activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
 class Classifier(CardPreprocessing):
-    def check_output(self, output: np.ndarray) -> None:
+    def check_output(self, output: np.ndarray, others: Outputs = ()) -> None:
         check_labels(self.card, output.size, output)  # (C,), or (C, 1, 1) as some exports give: raveled
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Classification:

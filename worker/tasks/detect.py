@@ -10,7 +10,7 @@ import numpy as np
 
 from worker.errors import ModelError
 from worker.results import Detections
-from worker.tasks import check_labels
+from worker.tasks import Outputs, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
@@ -89,7 +89,7 @@ def classwise_nms(xyxy: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, i
 
 
 class Detector(CardPreprocessing):
-    def check_output(self, output: np.ndarray) -> None:
+    def check_output(self, output: np.ndarray, others: Outputs = ()) -> None:
         layout = self.card.postprocess.layout
         if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
             if output.ndim != 2 or 6 not in output.shape:
@@ -103,7 +103,24 @@ class Detector(CardPreprocessing):
             want = {"yolov8": "[4+C, A] (or [A, 4+C])", "detr": "[Q, 4+C] (or [4+C, Q])"}.get(layout, "[A, 5+C]")
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}; "
                              f"output '{self.card.postprocess.named}' is {list(output.shape)}")
+        if layout in ("yolov5", "yolov8") and (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
+            raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
+                             f"{tuple(output.shape)} holds {per_row} box values, {said}")
         check_labels(self.card, output.shape[axis] - per_row, output)
+
+    def _instance_segmenter(self, values: int, others: Outputs) -> str | None:
+        """What a YOLO instance segmenter's rows hold (a -seg export: each box's class scores, then M mask
+        coefficients for the M prototype masks of a second output (N, M, h, w)), or None when these are
+        not such rows. Read as a detector's, its coefficients would be taken for classes."""
+        labels = len(self.card.labels)
+        for name, shape in others:
+            m = shape[1] if len(shape) == 4 and isinstance(shape[1], int) else 0
+            if 0 < m < values and (values - m == labels or not labels):
+                classes = f"{values - m} class scores" if labels else "then class scores"
+                return (f"{classes} and {m} mask coefficients for output '{name}' {list(shape)}: an instance "
+                        f"segmenter (as YOLOv8-seg exports), which the worker does not run; give it the "
+                        f"detector of the same family (a yolov8n.onnx, not a yolov8n-seg.onnx) for boxes")
+        return None
 
     def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
         p = self.card.postprocess
