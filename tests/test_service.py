@@ -10,6 +10,7 @@ import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sqlalchemy import func, select, update
 
@@ -319,7 +320,7 @@ def test_a_start_checks_the_card_then_the_database_before_the_model(cfg, tmp_pat
     assert not fresh.exists()
 
 
-def _tiff(path: Path, *images: Path | "np.ndarray") -> Path:
+def _tiff(path: Path, *images: Path | np.ndarray) -> Path:
     """A multi-page TIFF of these pictures (files or BGR arrays), lossless: each page is its picture's pixels."""
     import cv2
 
@@ -334,8 +335,6 @@ def test_pages_all_processes_every_page_into_one_outcome(cfg, tmp_path: Path, sa
     its own, in one JSON that lists the pages, one row (its labels every page's, its score the best page's)
     and one timing row; the default, `first`, keeps the first page only; switching between them processes
     done multi-page files again (their documents differ), not files of one page, and a rerun skips them."""
-    import numpy as np
-
     folder = tmp_path / "in"
     photos = [samples / n for n in ("coffee.png", "chelsea.png", "motorcycle_left.png")]
     _tiff(folder / "three.tif", *photos)
@@ -420,8 +419,6 @@ def test_a_stack_over_the_byte_limit_is_read_page_by_page_with_the_same_results(
     all_pages = json.loads((tmp_path / "disk-all" / "stack.tif.json").read_text())["pages"]
     assert [p["labels"][0]["name"] for p in all_pages] == ["espresso", "tiger cat", "moped"] * 2
     assert _open_fds() == fds
-    import numpy as np
-
     _tiff(folder / "stack.tif", np.random.default_rng(1).integers(0, 256, (300, 300, 3), dtype=np.uint8))
     setting = dataclasses.replace(effnet.pipeline, pages="all", max_pixels=30_000)  # 240,000 bytes
     summary = run_folder(dataclasses.replace(effnet, pipeline=setting), folder)
