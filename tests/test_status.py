@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import re
 import shutil
 from pathlib import Path
@@ -82,3 +83,43 @@ def test_a_real_watcher_logs_its_status(cfg, samples: Path, caplog) -> None:
         assert wait_for(lambda: len(w.finished) == 2, 60)
         assert wait_for(lambda: any(re.match(r"status: [12] done, 0 failed", r.message) for r in caplog.records), 10)
         assert wait_for(lambda: any("idle for the last" in r.message for r in caplog.records), 10)
+
+
+def test_a_disk_low_on_room_is_said_with_how_soon_it_fills(tmp_path: Path, caplog) -> None:
+    """The status line says when a filesystem the watcher writes to runs low (here every one is, by a
+    threshold of the whole disk), how much is free and how soon it fills at the rate since the last
+    line; as a WARNING. Folders on one filesystem are named together; one not made yet by its parent."""
+    from worker.disks import LowDisk, filesystems
+
+    (tmp_path / "out").mkdir()
+    disks = filesystems([("outbox", tmp_path / "out"), ("archive", tmp_path / "archive" / "done"),
+                         ("database", tmp_path)])
+    assert [(d.path, d.holds) for d in disks] == [(tmp_path / "out", "outbox, archive and database")]
+    clock = Clock()
+    low = LowDisk(disks, clock, low_bytes=0, low_fraction=1.0)
+    first = low.check()
+    assert first is not None and re.fullmatch(
+        rf"low on disk: [\d.]+ [GM]B free \(\d+%\) on the filesystem of the outbox, archive and database "
+        rf"\({re.escape(str(tmp_path / 'out'))}\)", first), first
+    with open(tmp_path / "out" / "big.bin", "wb") as f:  # 256 MB in 60 s: about 15 GB an hour
+        f.write(bytes(256 * 2**20))
+        f.flush()
+        os.fsync(f.fileno())
+    clock.now += 60
+    second = low.check()
+    assert second is not None and re.search(r", filling at [\d.]+ GB/h: full in about [\d.]+ (min|h|days)$", second)
+    assert LowDisk(disks, clock, low_bytes=0, low_fraction=0.0).check() is None  # nothing is under 0%
+
+    caplog.set_level(logging.INFO, logger="worker.status")
+    counts = Counts()
+    status = StatusLog(300, counts, lambda: 0, clock, disks=LowDisk(disks, clock, low_bytes=0, low_fraction=1.0))
+    clock.now += 300
+    status.tick()
+    record = caplog.records[-1]
+    assert record.levelno == logging.WARNING and re.fullmatch(
+        r"status: idle for the last 5 min; 0 in flight; RSS \d+ MB; low on disk: .* \(\d+%\) on the filesystem of "
+        r"the outbox, archive and database \(.*\)", record.message), record.message
+    quiet = StatusLog(300, counts, lambda: 0, clock, disks=LowDisk(disks, clock, low_bytes=0, low_fraction=0.0))
+    clock.now += 300
+    quiet.tick()
+    assert caplog.records[-1].levelno == logging.INFO and "low on disk" not in caplog.records[-1].message

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 import sqlalchemy
 
 from worker.config import Config, Disposition
+from worker.disks import LowDisk, filesystems
 from worker.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import extension_of, walk
@@ -29,7 +30,7 @@ from worker.names import as_text
 from worker.outbox import Outbox, output_rel, remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.status import StatusLog
-from worker.store.db import database
+from worker.store.db import database, sqlite_file
 from worker.store.queries import other_roots
 from worker.store.recorder import Recorder, RunInfo
 from worker.tasks import TaskAdapter, adapter_for
@@ -52,6 +53,13 @@ class Summary:
 def _archive(cfg: Config, inputs: Disposition | None) -> Path | None:
     """Where processed inputs go: the archive when they are moved (or, failed, kept there), else nowhere."""
     return cfg.archive if inputs in ("move", "delete") else None
+
+
+def _written(cfg: Config, inputs: Disposition | None) -> list[tuple[str, Path]]:
+    """The folders the worker fills, by name: the outbox, the archive and a SQLite database's folder."""
+    archive, db = _archive(cfg, inputs), sqlite_file(cfg.db)
+    return [("outbox", cfg.outbox), *([("archive", archive)] if archive else []),
+            *([("database", db.parent)] if db else [])]
 
 
 def _refuse_inside(cfg: Config, root: Path, archive: Path | None) -> None:
@@ -241,7 +249,8 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
         t0 = time.perf_counter()
         pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
         status = StatusLog(cfg.watch.status_log_s, pipeline.counts, pipeline.depth,
-                           held=lambda: intake.held() if intake is not None else 0)
+                           held=lambda: intake.held() if intake is not None else 0,
+                           disks=LowDisk(filesystems(_written(cfg, cfg.inputs.watch)), time.monotonic))
         watched: WatchedInbox | None = None
 
         def check() -> None:  # every pass of the intake loop, and while it waits for room in the pipeline

@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 import psutil
 
+from worker.disks import LowDisk
 from worker.durations import span_text
 from worker.pipeline import Counts
 
@@ -24,10 +25,12 @@ class StatusLog:
     """Call `tick()` often (the intake loop does, every pass); it logs once per `period_s`."""
 
     def __init__(self, period_s: float, counts: Counts, in_flight: Callable[[], int],
-                 clock: Callable[[], float] = time.monotonic, held: Callable[[], int] = lambda: 0) -> None:
-        """`held`: how many files the intake holds because they look cut short (`Intake.held`)."""
+                 clock: Callable[[], float] = time.monotonic, held: Callable[[], int] = lambda: 0,
+                 disks: LowDisk | None = None) -> None:
+        """`held`: how many files the intake holds because they look cut short (`Intake.held`); `disks`:
+        the filesystems written to, whose lack of room the line then says, as a WARNING."""
         self._period, self._counts, self._in_flight, self._clock = period_s, counts, in_flight, clock
-        self._held = held
+        self._held, self._disks = held, disks
         self._since = clock()
         self._last = self._snapshot()
 
@@ -40,7 +43,9 @@ class StatusLog:
         if self._period <= 0 or now - self._since < self._period:
             return
         snap = self._snapshot()
-        log.info("%s", self.line(now - self._since, snap))
+        low = self._disks.check() if self._disks is not None else None
+        line = self.line(now - self._since, snap)
+        log.log(logging.WARNING if low else logging.INFO, "%s", f"{line}; {low}" if low else line)
         self._since, self._last = now, snap
 
     def line(self, seconds: float, snap: tuple[int, int, int, int]) -> str:
