@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import cv2
@@ -660,11 +661,12 @@ def _instance_segmenter(path: Path, shape: tuple[int, int], coefficients: int) -
     ("yolov8", 3, 32, "[]", "holds 4 box values, then class scores and 32 mask coefficients"),
     ("yolov5", 2, 16, "[a, b]", "holds 5 box values, 2 class scores and 16 mask coefficients"),
 ])
-def test_an_instance_segmenter_under_a_detector_s_card_is_refused_saying_what_it_is(
+def test_an_instance_segmenter_under_a_detector_s_card_without_masks_is_refused_saying_what_it_is(
         own, layout: str, classes: int, coefficients: int, labels: str, said: str) -> None:
     """A YOLOv8-seg export (boxes' rows of class scores and mask coefficients, and prototype masks) under
-    a detector's card: before, `the card lists 3 labels, but output 'output0' (39, 84) has 35 classes`,
-    and without labels its coefficients were read as 32 more classes."""
+    a detector's card that does not name its prototype masks: before, `the card lists 3 labels, but
+    output 'output0' (39, 84) has 35 classes`, and without labels its coefficients were read as 32 more
+    classes."""
     cfg, models, images = own
     folder = _card_file(models, "seg", "task: detect\ninput: {name: images, size: [32, 48]}\n"
                                        "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
@@ -678,9 +680,143 @@ def test_an_instance_segmenter_under_a_detector_s_card_is_refused_saying_what_it
         run_folder(dataclasses.replace(cfg, model="seg"), images)
     assert str(refused.value) == (
         f"model 'seg': output 'output0' {shape} {said} for output 'output1' ['N', {coefficients}, 8, 12]: an "
-        f"instance segmenter (as YOLOv8-seg exports), which the worker does not run; give it the detector of the "
-        f"same family (a yolov8n.onnx, not a yolov8n-seg.onnx) for boxes")
+        f"instance segmenter (as YOLOv8-seg exports); name that output in the card, postprocess.masks: output1, "
+        f"for each box's mask")
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
+
+def _quadrant_segmenter(path: Path, layout: str) -> None:
+    """(N, 3, 32, 48) -> an instance segmenter's two outputs, as YOLOv8-seg (or YOLOv5-seg) gives them:
+    output0, 3 anchors' rows (yolov8: (N, 4+2+2, 3); yolov5: (N, 3, 5+2+2)), and output1, 2 prototype
+    masks (N, 2, 8, 12), a quarter of the input. Prototype 0 is +10 over the input's top-left 36x24
+    and -10 elsewhere, prototype 1 over the bottom-right 36x24: each covers its box (a quadrant) and
+    reaches into the other's, which the boxes crop. Anchor 0: a box on the top-left
+    quadrant, class 0 scored by the image's mean level (0-1), coefficients (1, 0); anchor 1: the
+    bottom-right quadrant, class 1 at 0.8, coefficients (0, 1); anchor 2: a box on the whole input at
+    0.1, under any threshold."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    yolov5 = layout == "yolov5"
+    anchors = np.array([[12, 8, 24, 16, 0.0, 0.0, 1, 0], [36, 24, 24, 16, 0.0, 0.8, 0, 1],
+                        [24, 16, 48, 32, 0.1, 0.0, 0, 0]], np.float32)  # cx, cy, w, h, classes, coefficients
+    gate = np.zeros_like(anchors)
+    gate[0, 4] = 1.0
+    if yolov5:  # an objectness of 1 before the classes
+        anchors, gate = np.insert(anchors, 4, 1.0, axis=1), np.insert(gate, 4, 0.0, axis=1)
+    rows, gate = (anchors, gate) if yolov5 else (anchors.T, gate.T)
+    protos = np.full((1, 2, 8, 12), -10.0, np.float32)
+    protos[0, 0, :6, :9] = 10.0
+    protos[0, 1, 2:, 3:] = 10.0
+    nodes = [helper.make_node("ReduceMean", ["images"], ["level"], axes=[1, 2, 3], keepdims=1),  # (N, 1, 1, 1)
+             helper.make_node("Squeeze", ["level", "axis"], ["level3"]),  # (N, 1, 1)
+             helper.make_node("Mul", ["level3", "gate"], ["scored"]),
+             helper.make_node("Add", ["scored", "rows"], ["output0"]),
+             helper.make_node("Mul", ["level", "zeros"], ["nothing"]),  # (N, 2, 8, 12) of zeros
+             helper.make_node("Add", ["nothing", "protos"], ["output1"])]
+    inits = [numpy_helper.from_array(rows[None], "rows"), numpy_helper.from_array(gate[None], "gate"),
+             numpy_helper.from_array(protos, "protos"), numpy_helper.from_array(np.zeros_like(protos), "zeros"),
+             numpy_helper.from_array(np.array([3], np.int64), "axis")]
+    image = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 48])
+    outs = [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", *rows.shape]),
+            helper.make_tensor_value_info("output1", TensorProto.FLOAT, ["N", 2, 8, 12])]
+    _save(helper.make_graph(nodes, "quadrants", [image], outs, initializer=inits), path)
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")  # pycocotools'
+@pytest.mark.parametrize("layout", ["yolov8", "yolov5"])
+def test_an_instance_segmenter_gives_each_box_its_mask(own, layout: str) -> None:
+    """A YOLOv8-seg (or YOLOv5-seg) export under a card naming its prototype masks: each box gets its mask,
+    the coefficients' sum of the prototypes within the box, at the original size (twice the input here):
+    one instance mask PNG (box k's pixels hold k + 1), each box's pixels in the JSON, the overlay, the
+    database's mask path, and COCO's segmentation from it (polygons or RLE)."""
+    from pycocotools import mask as coco_mask
+
+    from tests.test_export import rasterise
+
+    cfg, models, images = own
+    folder = _card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+                                        "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
+                                        "std: [255, 255, 255]}\n"
+                                        f"postprocess: {{output: output0, masks: output1, layout: {layout}, "
+                                        f"threshold: 0.5}}\nlabels: [part, scratch]")
+    _quadrant_segmenter(folder / "quad.onnx", layout)
+    cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: no padding
+    cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))  # its part scores 20/255
+    cfg = dataclasses.replace(cfg, model="quad", outputs=dataclasses.replace(cfg.outputs, overlays=True))
+    assert run_folder(cfg, images).figures["done"] == 2
+
+    white = json.loads((cfg.outbox / "white.png.json").read_text())
+    assert [(b["name"], b["xyxy"], b["mask_pixels"]) for b in white["boxes"]] == [
+        ("part", [0, 0, 48, 32], 48 * 32), ("scratch", [48, 32, 96, 64], 48 * 32)]
+    assert white["mask"] == "white.png.mask.png"
+    instances = cv2.imread(str(cfg.outbox / "white.png.mask.png"), cv2.IMREAD_UNCHANGED)
+    expected = np.zeros((64, 96), np.uint8)
+    expected[:32, :48], expected[32:, 48:] = 1, 2  # each box's prototype, cropped to the box
+    assert instances.dtype == np.uint8 and np.array_equal(instances, expected)
+    dark = json.loads((cfg.outbox / "dark.png.json").read_text())
+    assert [(b["name"], b["mask_pixels"]) for b in dark["boxes"]] == [("scratch", 48 * 32)]
+    dark_mask = cv2.imread(str(cfg.outbox / "dark.png.mask.png"), cv2.IMREAD_UNCHANGED)
+    assert np.array_equal(dark_mask, (expected == 2).astype(np.uint8))  # the one box is 1 there
+    overlay = cv2.imread(str(cfg.outbox / "white.png.overlay.jpg"))
+    assert overlay.shape == (64, 96, 3) and not np.array_equal(overlay[40, 80], overlay[10, 80])  # tinted, not
+
+    db = open_db(cfg.db)
+    try:
+        rows = {r["rel_path"]: r for r in query_images(db, Filters(model="quad"))}
+        assert rows["white.png"]["mask_path"] == "white.png.mask.png"
+        exported = coco(db, Filters(model="quad"), ("part", "scratch"), "detect", cfg.outbox)
+        as_rle = coco(db, Filters(model="quad"), ("part", "scratch"), "detect", cfg.outbox, rle=True)
+    finally:
+        db.dispose()
+    white_id = rows["white.png"]["id"]
+    shapes = [(a["category_id"], a["segmentation"], a["area"]) for a in exported["annotations"]
+              if a["image_id"] == white_id]
+    assert [(c, area) for c, _, area in shapes] == [(0, 48 * 32), (1, 48 * 32)]
+    # what a COCO consumer reads back: pycocotools' rasterisation of the polygons, and of the RLE
+    for k, (_, polygons, _) in enumerate(shapes):
+        assert np.array_equal(rasterise(polygons, 64, 96), expected == k + 1)
+    rles = [a["segmentation"] for a in as_rle["annotations"] if a["image_id"] == white_id]
+    for k, rle in enumerate(rles):
+        assert np.array_equal(coco_mask.decode(coco_mask.frPyObjects(rle, 64, 96)).astype(bool), expected == k + 1)
+
+
+def test_overlapping_instance_masks_keep_the_better_box_s_pixels_and_follow_a_letterbox() -> None:
+    """Where two boxes' masks overlap, the better box's holds; a letterboxed input's padding is left
+    out when the masks are brought to the original (a 20x60 image in a 32x48 input: scale 0.8, 8 px
+    of padding above and below)."""
+    from worker.tasks.detect import instance_masks
+    from worker.tasks.preprocess import Geometry
+
+    protos = np.full((1, 8, 12), 10.0, np.float32)  # one prototype, positive everywhere
+    protos[0, :2] = -10.0  # but over the input's top 8 px: the padding
+    geometry = Geometry(orig_hw=(20, 60), scale_x=0.8, scale_y=0.8, left=0.0, top=8.0)
+    boxes = np.array([[10, 0, 40, 20], [0, 0, 30, 20]], np.float32)  # best first; they share x 10-30
+    out = instance_masks(np.ones((2, 1), np.float32), protos, boxes, geometry, (32, 48))
+    assert out.dtype == np.uint16 and out.shape == (20, 60)
+    assert (out[:, 10:40] == 1).all() and (out[:, :10] == 2).all() and (out[:, 40:] == 0).all()
+    # negative over the input's top 12 px: the padding and the image's first 4 px there, its first 5 rows
+    protos[0, :3] = -10.0
+    top = instance_masks(np.ones((1, 1), np.float32), protos, boxes[:1], geometry, (32, 48))
+    assert top[:5].max() == 0 and (top[5:, 10:40] == 1).all() and top[:, :10].max() == 0
+
+
+def test_a_card_s_prototype_masks_are_held_to_the_task_and_the_model(own, tmp_path: Path) -> None:
+    cfg, models, images = own
+    for body, message in (
+            ("task: segment\npostprocess: {masks: output1}", "'postprocess.masks' names an instance segmenter's"),
+            ("task: detect\npostprocess: {layout: end2end, masks: output1}", "for a detector's layout yolov5 or "
+                                                                             "yolov8"),
+            ("task: detect\npostprocess: {output: output1, layout: yolov8, masks: output1}",
+             "'postprocess.masks' names the prototype masks, a second output")):
+        (tmp_path / "model.yaml").write_text(f"name: x\nonnx: x.onnx\n{body}\n")
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            load_card(tmp_path / "model.yaml")
+    folder = _card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+                                        "postprocess: {output: output0, masks: protos, layout: yolov8}")
+    _quadrant_segmenter(folder / "quad.onnx", "yolov8")
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=re.escape("no output named 'protos' (has ['output0', 'output1'])")):
+        run_folder(dataclasses.replace(cfg, model="quad"), images)
+
 
 def _argmax_segmenter(path: Path, keepdims: int) -> None:
     """The 1x1 channel copy, then ArgMax over the channels: int64 class indices, (N, 1, 32, 48) or

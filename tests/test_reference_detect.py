@@ -187,3 +187,30 @@ def test_detr_layout_scales_fractions_to_the_input_and_keeps_every_query() -> No
     wanted = r"layout detr needs one image's output as \[Q, 4\+C\] \(or \[4\+C, Q\]\).* is \[300\]"
     with pytest.raises(ModelError, match=wanted):
         Detector(card).check_output(np.zeros(300, np.float32))
+
+
+def test_instance_masks_match_ultralytics_own() -> None:
+    """Each box's mask from an instance segmenter's prototypes and coefficients, against the masks
+    Ultralytics' own `process_mask_native` made from the same numbers (tests/make_ultralytics_masks.py:
+    24 boxes on a 240x480 image letterboxed into a 160x160 input, Ultralytics 8.4.190, as a YOLOv8-seg
+    prediction with retina_masks=True gives them). Floating point differs where a logit is ~0."""
+    from worker.tasks.detect import instance_masks
+
+    golden = np.load(ROOT / "tests" / "data" / "ultralytics_masks.npz")
+    h, w = (int(v) for v in golden["shape"])
+    size, scale, top = int(golden["input_size"]), float(golden["scale"]), float(golden["top"])
+    geometry = Geometry(orig_hw=(h, w), scale_x=scale, scale_y=scale, left=0.0, top=top)
+    expected = np.unpackbits(golden["masks"], axis=-1, count=w).astype(bool)  # (sets, boxes, h, w)
+    differing, pixels, ious = 0, 0, []
+    for s in range(len(golden["protos"])):
+        protos, boxes = golden["protos"][s].astype(np.float32), golden["boxes"][s]
+        for k in range(len(boxes)):  # each box alone: painted together, the better box's covers the others'
+            mine = instance_masks(golden["coefficients"][s][k:k + 1], protos, boxes[k:k + 1], geometry,
+                                  (size, size)) == 1
+            theirs = expected[s, k]
+            differing += int((mine != theirs).sum())
+            pixels += int(theirs.sum())
+            union = (mine | theirs).sum()
+            ious.append((mine & theirs).sum() / union if union else 1.0)  # both empty: the same
+    # identical here (24 of 24 when made); a last bit of floating point may flip a pixel elsewhere
+    assert pixels > 50_000 and min(ious) > 0.99 and differing <= pixels * 1e-4, (min(ious), differing, pixels)

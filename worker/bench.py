@@ -48,6 +48,7 @@ from sqlalchemy import select
 from worker.config import Config
 from worker.engine import Engine, wanted_providers
 from worker.images import decode, widen
+from worker.model_output import ModelOutput
 from worker.models.card import Preprocess, find_card
 from worker.models.pull import pull, with_labels
 from worker.samples import fetch_samples
@@ -240,7 +241,7 @@ def _create_cost(folder: Path, n: int = 50) -> float:
     return (time.perf_counter() - t0) / n * 1e6
 
 
-def _mean_rates(run: Callable[[np.ndarray], np.ndarray], tensors: list[np.ndarray], cores: int,
+def _mean_rates(run: Callable[[np.ndarray], ModelOutput], tensors: list[np.ndarray], cores: int,
                 seconds: float = 1.5) -> tuple[float, float]:
     """(1-thread rate, rate of `cores` threads calling the same 1-thread engine's `run` at once), img/s,
     each the mean over `seconds` (a mean, not a best: it stands for the minutes around it)."""
@@ -310,7 +311,7 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
 
     session = _default_session(onnx, providers)  # what a user's naive loop gets
 
-    def naive_run(x: np.ndarray) -> np.ndarray:
+    def naive_run(x: np.ndarray) -> ModelOutput:
         return one.outputs(session.run(one.output_names, one.feeds(x)), len(x))
 
     results = []
@@ -460,7 +461,7 @@ def plain_preprocess(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, in
 
 
 def _naive_loop(files: list[Path], preprocess: Callable[[np.ndarray], tuple[np.ndarray, Geometry]], adapter: Any,
-                run: Callable[[np.ndarray], np.ndarray], out: Path) -> float:
+                run: Callable[[np.ndarray], ModelOutput], out: Path) -> float:
     """Images/s of the sequential loop a user would write: read, preprocess, run, postprocess, write JSON
     (the worker's postprocess: a plain one would be slower still)."""
     out.mkdir(exist_ok=True)

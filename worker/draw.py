@@ -37,6 +37,10 @@ def overlay(image: np.ndarray, result: Result) -> np.ndarray:
         palette[1:] = _COLORS[np.arange(255) % len(_COLORS)]
         out = cv2.addWeighted(out, 1.0, palette[result.classes], 0.5, 0)
     elif isinstance(result, Detections):
+        if result.instances is not None:  # each box's mask tinted in its class's colour
+            palette = np.zeros((len(result.names) + 1, 3), np.uint8)
+            palette[1:] = _COLORS[result.class_ids % len(_COLORS)]
+            out = cv2.addWeighted(out, 1.0, palette[result.instances], 0.5, 0)
         for (x1, y1, x2, y2), c, s, n in zip(result.xyxy, result.class_ids, result.scores, result.names):
             color = tuple(int(v) for v in _COLORS[int(c) % len(_COLORS)])
             cv2.rectangle(out, (int(x1), int(y1)), (int(x2), int(y2)), color, 2)

@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from worker.config import EngineConfig
 from worker.errors import ModelError, ProviderError
+from worker.model_output import ModelOutput, Paired
 from worker.gpu import conflicting_builds, installed_onnxruntime_builds
 from worker.models.card import ModelCard
 
@@ -94,14 +95,15 @@ def wanted_providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]
 class Engine:
     def __init__(self, onnx_path: Path, cfg: EngineConfig, intra_op_threads: int, input_name: str = "",
                  output_name: str = "", layout: str = "nchw", channels: int = 3, outputs: tuple[str, ...] = (),
-                 sizes_input: str = "", unloadable: str = "") -> None:
+                 sizes_input: str = "", unloadable: str = "", masks: str = "") -> None:
         """`layout`: the model input's axis order, nchw or nhwc (TensorFlow exports); `run` takes NCHW
         float32 either way and gives the input the model's layout and element type (float, float16, uint8).
         `channels`: what the card's preprocessing makes, 1 (gray) or 3 (check_input holds the model to it).
         `outputs`: several outputs that `run` joins along their last axis (a card's `postprocess.outputs`),
         instead of `output_name`'s one. `sizes_input`: a second input given each image's (width, height),
         the network input's (a card's `input.sizes`). `unloadable`: said after onnxruntime's words when it
-        cannot load the file (how to mend it)."""
+        cannot load the file (how to mend it). `masks`: an instance segmenter's prototype masks, which `run`
+        gives with the rows as a `Paired` (a card's `postprocess.masks`)."""
         if (warning := conflicting_builds(installed_onnxruntime_builds())) is not None:
             log.warning(warning)
         self.device_id = cfg.device_id
@@ -127,7 +129,9 @@ class Engine:
         model_outputs = self.session.get_outputs()
         names = [i.name for i in inputs]
         self.input_name = input_name or (names[0] if names[0] != sizes_input else names[-1])
-        self.output_names = list(outputs) or [output_name or model_outputs[0].name]
+        # what each run fetches: the output (or outputs joined into one), then any prototype masks
+        self.output_names = [*(list(outputs) or [output_name or model_outputs[0].name]), *([masks] if masks else [])]
+        self.masks = masks
         for name in (self.input_name, *([sizes_input] if sizes_input else [])):
             if name not in names:
                 raise ModelError(f"{onnx_path}: no input named '{name}' (has {names})")
@@ -171,7 +175,8 @@ class Engine:
         rebuild = "" if built_from is None else (f" (built from {built_from}: delete {onnx_path} and "
                                                  f"`worker models pull {card.name}` builds it again)")
         return cls(onnx_path, cfg, intra_op_threads, card.input.name, card.postprocess.output, card.input.layout,
-                   card.preprocess.channels, card.postprocess.outputs, card.input.sizes, rebuild)
+                   card.preprocess.channels, card.postprocess.outputs, card.input.sizes, rebuild,
+                   card.postprocess.masks)
 
     @property
     def on_gpu(self) -> bool:
@@ -200,9 +205,10 @@ class Engine:
             if isinstance(dim, int) and dim != want:
                 raise ModelError(f"model '{name}': card says input {what} {want}, the ONNX file says {dim}")
 
-    def run(self, batch: np.ndarray) -> np.ndarray:
+    def run(self, batch: np.ndarray) -> ModelOutput:
         """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16);
-        with several outputs, them joined along their last axis as float32, an (N, K) one as one column."""
+        with several outputs, them joined along their last axis as float32, an (N, K) one as one column;
+        with prototype masks (`masks`), that and them as a Paired."""
         return self.outputs(self.session.run(self.output_names, self.feeds(batch)), len(batch))
 
     def feeds(self, batch: np.ndarray) -> dict[str, np.ndarray]:
@@ -226,9 +232,18 @@ class Engine:
         feeds[self.input_name] = batch
         return feeds
 
-    def outputs(self, outs: list[np.ndarray], n: int) -> np.ndarray:
+    def outputs(self, outs: list[np.ndarray], n: int) -> ModelOutput:
         """A session's outputs (`output_names`, in order) -> the first n images' result, as `run` gives it."""
         outs = [out[:n] for out in outs]
+        if self.masks:
+            *rows, protos = outs
+            if protos.ndim != 4:
+                raise ModelError(f"output '{self.masks}' {list(protos.shape)} (the card's postprocess.masks) is not "
+                                 f"prototype masks, (N, M, h, w)")
+            return Paired(self._one(rows), protos.astype(np.float32, copy=False))
+        return self._one(outs)
+
+    def _one(self, outs: list[np.ndarray]) -> np.ndarray:
         if len(outs) == 1:
             return outs[0].astype(np.float32) if outs[0].dtype == np.float16 else outs[0]
         return _joined(outs, self.output_names)

@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: str = "detect",
          outbox: Path | None = None, rle: bool = False) -> dict[str, Any]:
     """{images, categories, annotations} for the done results of one `task` (detect or segment) matching
-    `filters`.
+    `filters`; an instance segmenter's boxes each with its mask's segmentation and area.
 
     Category ids are the model's 0-based class ids; `categories` (the card's labels) names them, else the
     names seen in the results are used. bbox is [x, y, width, height] in pixels. A segmenter's annotations
@@ -54,12 +54,17 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     for image_id, doc, mask_path, image in parts:
         images.append(image)
         if task == "detect":
-            for box in doc.get("boxes", []):
+            # an instance segmenter's: box k's mask is where its instance mask holds k + 1
+            instances = _read_mask(outbox, mask_path) if outbox is not None and mask_path else None
+            for k, box in enumerate(doc.get("boxes", [])):
                 x1, y1, x2, y2 = box["xyxy"]
                 seen[box["class_id"]] = box["name"]
-                annotations.append({"id": len(annotations) + 1, "image_id": image_id, "category_id": box["class_id"],
-                                    "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)],
-                                    "area": round((x2 - x1) * (y2 - y1), 2), "score": box["score"], "iscrowd": 0})
+                ann = {"id": len(annotations) + 1, "image_id": image_id, "category_id": box["class_id"],
+                       "bbox": [x1, y1, round(x2 - x1, 2), round(y2 - y1, 2)],
+                       "area": round((x2 - x1) * (y2 - y1), 2), "score": box["score"], "iscrowd": 0}
+                if instances is not None:
+                    ann.update(_instance_shape(instances, k + 1, box["xyxy"], rle))
+                annotations.append(ann)
             continue
         multi_class = multi_class or "classes" in doc
         scores = {c["class_id"]: c["score"] for c in doc.get("classes", [])}
@@ -95,6 +100,17 @@ def _size(doc: dict[str, Any]) -> tuple[int, int]:
         return image.get("width", 0), image.get("height", 0)
     w, h = doc.get("size", [0, 0])
     return w, h
+
+
+def _instance_shape(instances: np.ndarray, index: int, xyxy: list[float], rle: bool) -> dict[str, Any]:
+    """A box's instance mask (its pixels equal to `index`, within the box) as COCO's segmentation
+    (polygons, or `rle`) and area (its pixels)."""
+    h, w = instances.shape[:2]
+    u1, v1 = max(0, int(np.floor(xyxy[0]))), max(0, int(np.floor(xyxy[1])))
+    u2, v2 = min(w, int(np.ceil(xyxy[2]))), min(h, int(np.ceil(xyxy[3])))
+    part = (instances[v1:v2, u1:u2] == index).view(np.uint8)
+    shape = rle_of(part, (u1, v1), (h, w)) if rle else edge_polygons(part, (u1, v1))
+    return {"segmentation": shape, "area": int(part.sum())}
 
 
 def _read_mask(outbox: Path, mask_path: str) -> np.ndarray | None:

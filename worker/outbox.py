@@ -210,9 +210,17 @@ class Outbox:
             ok, jpg = cv2.imencode(".jpg", overlay(image, result), [cv2.IMWRITE_JPEG_QUALITY, 90])
             if ok:
                 write_atomic(self._inside(rel + ".overlay.jpg"), jpg.tobytes())
-        if not (isinstance(result, (Mask, ClassMask)) and self.write_masks):
+        if not self.write_masks:
             return None
-        png = encode_mask_png(result.mask) if isinstance(result, Mask) else encode_class_png(result.classes)
+        if isinstance(result, Mask):
+            png = encode_mask_png(result.mask)
+        elif isinstance(result, ClassMask):
+            png = encode_class_png(result.classes)
+        elif isinstance(result, Detections) and result.instances is not None:  # 8-bit while it fits
+            few = len(result.names) < 256
+            png = encode_class_png(result.instances.astype(np.uint8) if few else result.instances)
+        else:
+            return None
         write_atomic(self._inside(rel + ".mask.png"), png)
         return as_text(rel + ".mask.png")
 

@@ -41,6 +41,7 @@ from worker.images import (decode, decode_reduced, file_pages, frames, later_pag
                            tiff_pages)
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
+from worker.model_output import ModelOutput
 from worker.models.card import ModelCard, accepted_digests
 from worker.names import on_disk
 from worker.outbox import Outbox, move_verified
@@ -124,7 +125,7 @@ class _Item:
     tensor: np.ndarray | None = None
     image: np.ndarray | None = None
     geometry: Geometry | None = None
-    output: np.ndarray | None = None
+    output: ModelOutput | None = None
     data: bytes | None = None  # the file's bytes, from reading to decoding
     # a multi-page TIFF read page by page (over the byte limit, or over PAGES_FROM_DISK_BYTES): the file,
     # open from its claim until its pages are decoded (release() closes it), and its pages as they are

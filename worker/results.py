@@ -117,6 +117,8 @@ class Detections:
 
     xyxy: (N, 4) float32, x1 y1 x2 y2 in original image pixels. class_ids: (N,) int64.
     scores: (N,) float32. names: N names. image_size: (W, H) of the original image.
+    instances: an instance segmenter's masks, or None: (H, W) uint16, k + 1 where box k's mask is, 0
+    elsewhere (where masks overlap, the better box's).
     """
 
     xyxy: np.ndarray
@@ -124,17 +126,26 @@ class Detections:
     scores: np.ndarray
     names: tuple[str, ...]
     image_size: tuple[int, int]
+    instances: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.names)
         if self.xyxy.shape != (n, 4) or self.class_ids.shape != (n,) or self.scores.shape != (n,):
             raise ValueError(f"Detections: xyxy {self.xyxy.shape}, class_ids {self.class_ids.shape}, "
                              f"scores {self.scores.shape} must be ({n}, 4), ({n},), ({n},)")
+        w, h = self.image_size
+        if self.instances is not None and (self.instances.shape != (h, w) or self.instances.dtype != np.uint16):
+            raise ValueError(f"Detections.instances must be a ({h}, {w}) uint16 array, got "
+                             f"{self.instances.dtype} {self.instances.shape}")
 
     def summary(self) -> dict[str, Any]:
-        return {"boxes": [
-            {"class_id": int(c), "name": n, "score": round(float(s), 6), "xyxy": [round(float(v), 2) for v in b]}
-            for b, c, s, n in zip(self.xyxy, self.class_ids, self.scores, self.names)]}
+        boxes = [{"class_id": int(c), "name": n, "score": round(float(s), 6), "xyxy": [round(float(v), 2) for v in b]}
+                 for b, c, s, n in zip(self.xyxy, self.class_ids, self.scores, self.names)]
+        if self.instances is not None:  # each box's mask: its pixels in the instance mask
+            pixels = np.bincount(self.instances.ravel(), minlength=len(boxes) + 1)
+            for k, box in enumerate(boxes):
+                box["mask_pixels"] = int(pixels[k + 1])
+        return {"boxes": boxes}
 
 
 Result = Union[Mask, ClassMask, Classification, Detections]

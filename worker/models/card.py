@@ -113,6 +113,9 @@ class Postprocess:
     # TensorFlow segmenter gives its maps (a one-map one: (N, h, w, 1))
     output_layout: Literal["nchw", "nhwc"] = "nchw"
     max_detections: int = 300  # detect: the best this many boxes after NMS (Ultralytics' max_det)
+    # detect, yolov5 or yolov8: an instance segmenter's prototype masks (N, M, h, w), the output a
+    # YOLOv8-seg export calls output1; each box's rows then end in its M mask coefficients
+    masks: str = ""
     # what turns the output into probabilities: classify applies softmax unless told otherwise (`none`
     # for a model that ends in Softmax); segment takes the output as probabilities unless told
     # (`sigmoid` for a one-map model that outputs logits; `softmax` over the classes of a multi-class one)
@@ -301,6 +304,13 @@ def load_card(path: Path) -> ModelCard:
             (card.task != "detect" or card.postprocess.layout != "end2end"):
         raise ConfigError(f"{path}: 'postprocess.box_format' and 'box_units' apply to a detector's layout end2end "
                           f"(the other layouts fix them)")
+    if card.postprocess.masks and (card.task != "detect" or card.postprocess.layout not in ("yolov5", "yolov8")
+                                   or card.postprocess.outputs):
+        raise ConfigError(f"{path}: 'postprocess.masks' names an instance segmenter's prototype masks, for a "
+                          f"detector's layout yolov5 or yolov8 (as YOLOv8-seg exports give them: output1)")
+    if card.postprocess.masks and card.postprocess.masks == card.postprocess.output:
+        raise ConfigError(f"{path}: 'postprocess.masks' names the prototype masks, a second output; "
+                          f"'postprocess.output' the boxes' rows (output0)")
     if card.input.sizes and card.input.sizes == card.input.name:
         raise ConfigError(f"{path}: 'input.sizes' names the image input '{card.input.name}'; it names the "
                           f"model's second input, the one that takes image sizes")

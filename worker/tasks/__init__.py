@@ -7,6 +7,7 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from worker.errors import ModelError
+from worker.model_output import ModelOutput
 from worker.models.card import ModelCard
 from worker.results import Result
 from worker.tasks.preprocess import Geometry
@@ -21,11 +22,11 @@ class TaskAdapter(Protocol):
         (C: 3, or 1 for gray) and the geometry to map back."""
         ...
 
-    def postprocess(self, output: np.ndarray, geometry: Geometry) -> Result:
+    def postprocess(self, output: ModelOutput, geometry: Geometry) -> Result:
         """One image's slice of the network output -> a result in original-image coordinates."""
         ...
 
-    def check_output(self, output: np.ndarray, others: Outputs = ()) -> None:
+    def check_output(self, output: ModelOutput, others: Outputs = ()) -> None:
         """Raise ModelError when one image's output contradicts the card (shape, number of classes).
         `others`: the model's outputs the card does not use, (name, shape), for saying what it is."""
         ...

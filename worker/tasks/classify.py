@@ -6,17 +6,20 @@ from __future__ import annotations
 import numpy as np
 
 from worker.results import Classification
+from worker.model_output import ModelOutput, one_array
 from worker.tasks import Outputs, activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
 class Classifier(CardPreprocessing):
-    def check_output(self, output: np.ndarray, others: Outputs = ()) -> None:
+    def check_output(self, output: ModelOutput, others: Outputs = ()) -> None:
+        output = one_array(output, self.card.name)
         check_labels(self.card, output.size, output)  # (C,), or (C, 1, 1) as some exports give: raveled
 
-    def postprocess(self, output: np.ndarray, geometry: Geometry) -> Classification:
+    def postprocess(self, output: ModelOutput, geometry: Geometry) -> Classification:
         """output: (C,) logits for one image (probabilities with `activation: none`, independent
         per-class logits with `sigmoid`)."""
+        output = one_array(output, self.card.name)
         probs = activate(output.astype(np.float64).ravel(), self.card.postprocess.activation or "softmax")
         k = min(self.card.postprocess.top_k, probs.size)
         top = np.argsort(-probs, kind="stable")[:k]

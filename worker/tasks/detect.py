@@ -2,13 +2,15 @@
 YOLOv8-layout ([4+C, A], no objectness) rows and suppress them class by class, or take an end-to-end
 model's own boxes ([K, 6]: x1, y1, x2, y2, score, class) or a DETR's one box per query ([Q, 4+C]: cx,
 cy, w, h as fractions of the input, class probabilities) as they are; then map the boxes back to the
-original image."""
+original image. An instance segmenter's rows (YOLOv8-seg, YOLOv5-seg) end in mask coefficients for its
+prototype masks: each kept box gets its mask (`instance_masks`)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from worker.errors import ModelError
+from worker.model_output import ModelOutput, Paired
 from worker.results import Detections
 from worker.tasks import Outputs, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
@@ -89,8 +91,9 @@ def classwise_nms(xyxy: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, i
 
 
 class Detector(CardPreprocessing):
-    def check_output(self, output: np.ndarray, others: Outputs = ()) -> None:
+    def check_output(self, output: ModelOutput, others: Outputs = ()) -> None:
         layout = self.card.postprocess.layout
+        output, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
         if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
             if output.ndim != 2 or 6 not in output.shape:
                 raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as [K, 6] "
@@ -98,15 +101,24 @@ class Detector(CardPreprocessing):
                                  f"{list(output.shape)}")
             return
         per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
-        axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, len(self.card.labels)) else 1
-        if output.ndim != 2 or output.shape[axis] <= per_row:
+        m = len(protos) if protos is not None else 0  # and after them, an instance segmenter's coefficients
+        axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, self._values(m)) else 1
+        if output.ndim != 2 or output.shape[axis] <= per_row + m:
             want = {"yolov8": "[4+C, A] (or [A, 4+C])", "detr": "[Q, 4+C] (or [4+C, Q])"}.get(layout, "[A, 5+C]")
-            raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}; "
+            want = want.replace("C]", "C+M]").replace("C, ", "C+M, ") if m else want
+            masks = f", M = {m} mask coefficients for output '{self.card.postprocess.masks}'" if m else ""
+            raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}{masks}; "
                              f"output '{self.card.postprocess.named}' is {list(output.shape)}")
-        if layout in ("yolov5", "yolov8") and (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
+        if protos is None and layout in ("yolov5", "yolov8") and \
+                (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
             raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
                              f"{tuple(output.shape)} holds {per_row} box values, {said}")
-        check_labels(self.card, output.shape[axis] - per_row, output)
+        check_labels(self.card, output.shape[axis] - per_row - m, output)
+
+    def _values(self, coefficients: int) -> int:
+        """What a row holds after its box, as `_anchors_last` counts it: the card's classes and any mask
+        coefficients; 0 (unknown) for a card without labels."""
+        return len(self.card.labels) + coefficients if self.card.labels else 0
 
     def _instance_segmenter(self, values: int, others: Outputs) -> str | None:
         """What a YOLO instance segmenter's rows hold (a -seg export: each box's class scores, then M mask
@@ -118,13 +130,20 @@ class Detector(CardPreprocessing):
             if 0 < m < values and (values - m == labels or not labels):
                 classes = f"{values - m} class scores" if labels else "then class scores"
                 return (f"{classes} and {m} mask coefficients for output '{name}' {list(shape)}: an instance "
-                        f"segmenter (as YOLOv8-seg exports), which the worker does not run; give it the "
-                        f"detector of the same family (a yolov8n.onnx, not a yolov8n-seg.onnx) for boxes")
+                        f"segmenter (as YOLOv8-seg exports); name that output in the card, postprocess.masks: "
+                        f"{name}, for each box's mask")
         return None
 
-    def postprocess(self, output: np.ndarray, geometry: Geometry) -> Detections:
+    def postprocess(self, output: ModelOutput, geometry: Geometry) -> Detections:
         p = self.card.postprocess
-        xyxy, class_ids, scores = decode_rows(output, p.layout, len(self.card.labels), self.size, p.box_format,
+        rows, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
+        coefficients = np.zeros((0, 0), np.float32)
+        if protos is not None:  # each row ends in its mask's coefficients: split them off
+            m = len(protos)
+            if p.layout == "yolov8" and _anchors_last(rows, self._values(m)):
+                rows = rows.T
+            rows, coefficients = rows[:, :-m], rows[:, -m:]
+        xyxy, class_ids, scores = decode_rows(rows, p.layout, len(self.card.labels), self.size, p.box_format,
                                               p.box_units)
         sel = scores >= p.threshold
         xyxy, class_ids, scores = xyxy[sel], class_ids[sel], scores[sel]
@@ -137,5 +156,66 @@ class Detector(CardPreprocessing):
         xyxy = xyxy.copy()
         xyxy[:, [0, 2]] = np.clip((xyxy[:, [0, 2]] - geometry.left) / geometry.scale_x, 0, w)
         xyxy[:, [1, 3]] = np.clip((xyxy[:, [1, 3]] - geometry.top) / geometry.scale_y, 0, h)
+        instances = None
+        if protos is not None:
+            instances = instance_masks(coefficients[sel][keep], protos, xyxy, geometry, self.size)
         return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=scores,
-                          names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h))
+                          names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h),
+                          instances=instances)
+
+
+def instance_masks(coefficients: np.ndarray, protos: np.ndarray, xyxy: np.ndarray, geometry: Geometry,
+                   input_hw: tuple[int, int]) -> np.ndarray:
+    """Each box's mask, as a YOLOv8-seg gives it, painted into one (H, W) uint16 map of the original
+    image: k + 1 where box k's is (the best box's where they overlap), 0 elsewhere.
+
+    coefficients: (N, M), each box's weights of the M prototype masks `protos` (M, h, w), which span the
+    network input (`input_hw`); xyxy: (N, 4) the boxes in original pixels, best first. A box's mask is
+    its weighted sum of the prototypes (logits), sampled bilinearly at the centre of each original pixel
+    (through the letterbox or stretch in `geometry`), above 0 (a probability of 0.5), and cropped to the
+    box as Ultralytics crops it (pixel u when x1 <= u < x2): Ultralytics' `retina_masks=True` masks."""
+    h, w = geometry.orig_hw
+    out = np.zeros((h, w), np.uint16)
+    if not len(xyxy):
+        return out
+    m, ph, pw = protos.shape
+    flat = protos.reshape(m, -1).astype(np.float32, copy=False)
+    # original pixel u (centre u + 0.5) -> input x = (u + 0.5) * scale + left -> prototype index x * pw/iw - 0.5
+    ax, ay = geometry.scale_x * pw / input_hw[1], geometry.scale_y * ph / input_hw[0]
+    bx = (0.5 * geometry.scale_x + geometry.left) * pw / input_hw[1] - 0.5
+    by = (0.5 * geometry.scale_y + geometry.top) * ph / input_hw[0] - 0.5
+    # the image's part of the prototypes, in whole prototype pixels (a letterbox's padding left out, as
+    # Ultralytics crops it): sampling stops at its edge rows and columns instead of reaching the padding
+    left, top = max(0, round(geometry.left * pw / input_hw[1])), max(0, round(geometry.top * ph / input_hw[0]))
+    cols = (min(left, pw - 1), min(left + max(round(w * ax), 1), pw) - 1)  # within the prototypes: a crop's
+    rows = (min(top, ph - 1), min(top + max(round(h * ay), 1), ph) - 1)  # image reaches past them
+    for k in range(len(xyxy) - 1, -1, -1):  # the worst first: a better box's mask is painted over it
+        x1, y1, x2, y2 = xyxy[k]
+        # the pixels u with x1 <= u < x2 (and rows alike), as Ultralytics crops a mask to its box
+        u1, v1 = max(0, int(np.ceil(x1))), max(0, int(np.ceil(y1)))
+        u2, v2 = min(w, int(np.ceil(x2))), min(h, int(np.ceil(y2)))
+        if u2 <= u1 or v2 <= v1:
+            continue
+        logits = (coefficients[k].astype(np.float32) @ flat).reshape(ph, pw)
+        patch = _bilinear(logits, ay * np.arange(v1, v2) + by, ax * np.arange(u1, u2) + bx, rows, cols)
+        out[v1:v2, u1:u2][patch > 0] = k + 1
+    return out
+
+
+def _bilinear(values: np.ndarray, ys: np.ndarray, xs: np.ndarray, rows: tuple[int, int],
+              cols: tuple[int, int]) -> np.ndarray:
+    """(h, w) values sampled bilinearly at rows `ys` and columns `xs` (index coordinates) within the
+    rows and columns `rows` and `cols` (first, last: their edges repeated beyond them), as PyTorch's
+    bilinear interpolation of that part does: (len(ys), len(xs)) float32. In floating point throughout
+    (OpenCV's warps round coordinates to 1/32 of a pixel, which moves a mask's edge where its logits
+    cross 0 slowly)."""
+
+    def taps(at: np.ndarray, first: int, last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        at = np.clip(at, first, last)
+        lo = np.minimum(at.astype(np.int64), last)
+        return lo, np.minimum(lo + 1, last), (at - lo).astype(np.float32)
+
+    y0, y1, fy = taps(ys, *rows)
+    x0, x1, fx = taps(xs, *cols)
+    sampled = values[y0] * (1 - fy)[:, None] + values[y1] * fy[:, None]  # (len(ys), w): rows first
+    return sampled[:, x0] * (1 - fx) + sampled[:, x1] * fx

@@ -11,6 +11,7 @@ import numpy as np
 
 from worker.errors import ModelError
 from worker.results import ClassMask, Mask
+from worker.model_output import ModelOutput, one_array
 from worker.tasks import Outputs, activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
@@ -86,7 +87,8 @@ class Segmenter(CardPreprocessing):
         first, last = fits(output.shape[1], output.shape[2]), fits(output.shape[0], output.shape[1])
         return None if first == last else "nchw" if first else "nhwc"
 
-    def check_output(self, output: np.ndarray, others: Outputs = ()) -> None:
+    def check_output(self, output: ModelOutput, others: Outputs = ()) -> None:
+        output = one_array(output, self.card.name)
         name, activation = self.card.postprocess.output, self.card.postprocess.activation
         looks = self._looks(output)  # read the other way round, a (256, 256, 1) output would be 256 classes
         if looks is not None and looks != self.card.postprocess.output_layout:
@@ -113,10 +115,10 @@ class Segmenter(CardPreprocessing):
             raise ModelError(f"model '{self.card.name}': 'activation: softmax' needs a map per class, but output "
                              f"'{name}' has one map (use sigmoid for one map of logits)")
 
-    def postprocess(self, output: np.ndarray, geometry: Geometry) -> Mask | ClassMask:
+    def postprocess(self, output: ModelOutput, geometry: Geometry) -> Mask | ClassMask:
         """output: (1, h, w) or (h, w) for one image (one map, or integer class indices), or (C, h, w)
         (one map per class); with `output_layout: nhwc`, (h, w, 1) or (h, w, C)."""
-        output = self._maps(output)
+        output = self._maps(one_array(output, self.card.name))
         if _indices(output):
             return self._from_indices(output.reshape(output.shape[-2:]), geometry)
         if _multi_class(output):
