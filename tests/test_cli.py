@@ -536,6 +536,22 @@ def test_models_check_says_what_the_worker_feeds_and_reads_or_why_the_card_is_re
     assert isinstance(out.exception, ModelError) and "cannot be joined" in str(out.exception)
 
 
+def test_models_check_says_an_instance_segmenter_s_prototype_masks_give_the_masks(tmp_path: Path) -> None:
+    from tests.test_own_models import _card_file, _quadrant_segmenter
+
+    models = tmp_path / "models"
+    _quadrant_segmenter(_card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+                                                   "postprocess: {output: output0, masks: output1, layout: yolov8}")
+                        / "quad.onnx", "yolov8")
+    conf = _config(tmp_path)
+    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
+    out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "quad"])
+    assert out.exit_code == 0, out.output
+    for line in ("  output output0 tensor(float) ['N', 8, 3]: read",  # not "joined": the masks are apart
+                 "  output output1 tensor(float) ['N', 2, 8, 12]: read, each box's mask from these prototype masks"):
+        assert line + "\n" in out.output, out.output
+
+
 def test_config_shows_what_is_in_effect_and_where_it_came_from(tmp_path: Path, monkeypatch) -> None:
     conf = tmp_path / "line3.yaml"
     conf.write_text("inbox: scans\npipeline:\n  queue_size: 8\noutputs: {overlays: true}\n"

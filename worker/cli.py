@@ -777,8 +777,11 @@ def _model_io_use(engine: Engine, name: str) -> str:
         return f": the image, {engine.layout.upper()}"
     if name == engine.sizes_input:
         return ": each image's size (the network input's width and height)"
-    if name in outs:
-        return ": read" if len(outs) == 1 else f": read, joined as part {outs.index(name) + 1} of {len(outs)}"
+    if name == engine.masks:
+        return ": read, each box's mask from these prototype masks"
+    joined = [o for o in outs if o != engine.masks]
+    if name in joined:
+        return ": read" if len(joined) == 1 else f": read, joined as part {joined.index(name) + 1} of {len(joined)}"
     return ": not used"
 
 
