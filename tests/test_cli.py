@@ -541,7 +541,8 @@ def test_models_check_says_an_instance_segmenter_s_prototype_masks_give_the_mask
 
     models = tmp_path / "models"
     _quadrant_segmenter(_card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
-                                                   "postprocess: {output: output0, masks: output1, layout: yolov8}")
+                                                   "postprocess: {output: output0, masks: output1, layout: yolov8}\n"
+                                                   "labels: [part, scratch]")
                         / "quad.onnx", "yolov8")
     conf = _config(tmp_path)
     conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
