@@ -664,14 +664,15 @@ def export() -> None:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout).")
 @db_option
 @click.option("--outbox", type=click.Path(path_type=Path), help="Where the masks are (overrides config).")
-@click.option("--rle", is_flag=True, help="A segmenter's regions as run-length encodings (exact, holes included) "
-                                          "instead of polygons.")
+@click.option("--rle", is_flag=True, help="A segmenter's regions (an instance segmenter's masks) as run-length "
+                                          "encodings (exact, holes included) instead of polygons.")
 @click.pass_context
 def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, label: str | None,
                 min_score: float | None, model: str | None, output: Path | None, db: str | None,
                 outbox: Path | None, rle: bool) -> None:
     """Write detection or segmentation results as COCO JSON (images, categories, annotations with scores;
-    a segmenter's regions with their polygons, traced from the masks in the outbox).
+    a segmenter's regions, and an instance segmenter's boxes, with their polygons, traced from the masks
+    in the outbox).
 
     \b
     Example:
