@@ -322,12 +322,12 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
                       run_id=run_id, min_score=min_score, label=label, model=model, limit=limit)
     with database(cfg.db, create=False, read_only=True) as engine:
         rows = query_images(engine, dataclasses.replace(filters, limit=limit + 1))  # one more: are there more?
-    if len(rows) > limit:
-        rows = rows[1:]
+    left_out = len(rows) > limit
+    _emit(rows[1:] if left_out else rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label",
+                                            "score", "total_ms", "updated_at", "error"],
+          more=["created_at", "root", *STAGES[:-1], "batch_size", "sha256", "json_path", "mask_path"])
+    if left_out:  # after the rows, where a reader of a long table looks last
         click.echo(f"(the latest {limit} matching images, oldest first; --limit shows more)", err=True)
-    _emit(rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label", "score", "total_ms",
-                      "updated_at", "error"], more=["created_at", "root", *STAGES[:-1], "batch_size", "sha256",
-                                                   "json_path", "mask_path"])
 
 
 @cli.command()
