@@ -13,7 +13,7 @@ from worker.results import Result
 from worker.tasks.preprocess import Geometry
 
 # a model's other outputs, as onnxruntime declares them: (name, shape with symbolic dimensions as text)
-Outputs = Sequence[tuple[str, tuple[int | str, ...]]]
+OtherOutputs = Sequence[tuple[str, tuple[int | str, ...]]]
 
 
 class TaskAdapter(Protocol):
@@ -26,7 +26,7 @@ class TaskAdapter(Protocol):
         """One image's slice of the network output -> a result in original-image coordinates."""
         ...
 
-    def check_output(self, output: ModelOutput, others: Outputs = ()) -> None:
+    def check_output(self, output: ModelOutput, others: OtherOutputs = ()) -> None:
         """Raise ModelError when one image's output contradicts the card (shape, number of classes).
         `others`: the model's outputs the card does not use, (name, shape), for saying what it is."""
         ...

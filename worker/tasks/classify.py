@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.results import Classification
 from worker.model_output import ModelOutput, one_array
-from worker.tasks import Outputs, activate, check_labels
+from worker.results import Classification
+from worker.tasks import OtherOutputs, activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
 class Classifier(CardPreprocessing):
-    def check_output(self, output: ModelOutput, others: Outputs = ()) -> None:
+    def check_output(self, output: ModelOutput, others: OtherOutputs = ()) -> None:
         output = one_array(output, self.card.name)
         check_labels(self.card, output.size, output)  # (C,), or (C, 1, 1) as some exports give: raveled
 

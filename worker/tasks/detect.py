@@ -12,7 +12,7 @@ import numpy as np
 from worker.errors import ModelError
 from worker.model_output import ModelOutput, Paired
 from worker.results import Detections
-from worker.tasks import Outputs, check_labels
+from worker.tasks import OtherOutputs, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
@@ -91,7 +91,7 @@ def classwise_nms(xyxy: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, i
 
 
 class Detector(CardPreprocessing):
-    def check_output(self, output: ModelOutput, others: Outputs = ()) -> None:
+    def check_output(self, output: ModelOutput, others: OtherOutputs = ()) -> None:
         layout = self.card.postprocess.layout
         output, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
         if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
@@ -120,7 +120,7 @@ class Detector(CardPreprocessing):
         coefficients; 0 (unknown) for a card without labels."""
         return len(self.card.labels) + coefficients if self.card.labels else 0
 
-    def _instance_segmenter(self, values: int, others: Outputs) -> str | None:
+    def _instance_segmenter(self, values: int, others: OtherOutputs) -> str | None:
         """What a YOLO instance segmenter's rows hold (a -seg export: each box's class scores, then M mask
         coefficients for the M prototype masks of a second output (N, M, h, w)), or None when these are
         not such rows. Read as a detector's, its coefficients would be taken for classes."""

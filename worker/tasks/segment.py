@@ -10,9 +10,9 @@ import cv2
 import numpy as np
 
 from worker.errors import ModelError
-from worker.results import ClassMask, Mask
 from worker.model_output import ModelOutput, one_array
-from worker.tasks import Outputs, activate, check_labels
+from worker.results import ClassMask, Mask
+from worker.tasks import OtherOutputs, activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 MAX_CLASSES = 256  # the class mask is an 8-bit PNG
@@ -87,7 +87,7 @@ class Segmenter(CardPreprocessing):
         first, last = fits(output.shape[1], output.shape[2]), fits(output.shape[0], output.shape[1])
         return None if first == last else "nchw" if first else "nhwc"
 
-    def check_output(self, output: ModelOutput, others: Outputs = ()) -> None:
+    def check_output(self, output: ModelOutput, others: OtherOutputs = ()) -> None:
         output = one_array(output, self.card.name)
         name, activation = self.card.postprocess.output, self.card.postprocess.activation
         looks = self._looks(output)  # read the other way round, a (256, 256, 1) output would be 256 classes
