@@ -870,8 +870,7 @@ def db_prune(ctx: click.Context, before: str, vacuum: bool, db_url: str | None) 
       worker db prune --before 2026-09-01 --vacuum
     """
     from worker.store.db import database, sqlite_file
-    from worker.store.prune import prune
-    from worker.store.prune import vacuum as vacuum_db
+    from worker.store.prune import prune, vacuum as vacuum_db
 
     cfg = _load(ctx, db=db_url)
     cutoff = _cutoff(before)
@@ -901,8 +900,7 @@ def demo(ctx: click.Context, **overrides: Any) -> None:
     Example:
       worker demo
     """
-    from worker.service import DEMO_MODELS, describe
-    from worker.service import demo as run_demo
+    from worker.service import DEMO_MODELS, demo as run_demo, describe
 
     model = overrides.pop("model")
     cfg = _load(ctx, **overrides)

@@ -37,15 +37,8 @@ from worker.batcher import Batcher
 from worker.engine import Engine
 from worker.errors import ImageError, ImageTooLarge, InputGone, OutboxFull, WorkerError
 from worker.gpu import GpuMemory
-from worker.images import (
-    decode,
-    decode_reduced,
-    file_pages,
-    frames,
-    later_pages,
-    reopenable,
-    tiff_pages,
-)
+from worker.images import (decode, decode_reduced, file_pages, frames, later_pages, reopenable,
+                           tiff_pages)
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.model_output import ModelOutput

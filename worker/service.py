@@ -17,12 +17,7 @@ import sqlalchemy
 
 from worker.config import Config, Disposition
 from worker.disks import LowDisk, filesystems
-from worker.engine import (
-    DEFAULT_INTRA_OP_THREADS,
-    Engine,
-    default_max_batch,
-    default_threads,
-)
+from worker.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import extension_of, walk
 from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
