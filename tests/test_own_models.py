@@ -635,25 +635,36 @@ def test_outputs_that_cannot_be_joined_stop_the_worker_at_start(own, outputs: st
 
 
 
-def _instance_segmenter(path: Path, shape: tuple[int, int], coefficients: int) -> None:
-    """(N, 3, 32, 48) -> output0 (N, *shape) and output1 (N, coefficients, 8, 12), as a YOLOv8-seg export
-    gives its boxes' values (4 box values, the class scores, the mask coefficients: (N, values, 84)
-    for 84 anchors; YOLOv5-seg's (N, 84, values)) and its prototype masks; the values are the image's
-    mean level times fixed noise."""
+def _seg_model(path: Path, rows: np.ndarray, gate: np.ndarray, protos: np.ndarray) -> None:
+    """(N, 3, 32, 48) -> an instance segmenter's two outputs, as a YOLOv8-seg export names them: output0,
+    the boxes' `rows` plus the image's mean level (0-1) wherever `gate` is 1, and output1, the prototype
+    masks `protos` (M, h, w) as they are."""
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(0)
     nodes = [helper.make_node("ReduceMean", ["images"], ["level"], axes=[1, 2, 3], keepdims=1),  # (N, 1, 1, 1)
              helper.make_node("Squeeze", ["level", "axis"], ["level3"]),  # (N, 1, 1)
-             helper.make_node("Mul", ["level3", "rows"], ["output0"]),
-             helper.make_node("Mul", ["level", "protos"], ["output1"])]
-    inits = [numpy_helper.from_array(rng.random((1, *shape), dtype=np.float32), "rows"),
-             numpy_helper.from_array(rng.random((1, coefficients, 8, 12), dtype=np.float32), "protos"),
+             helper.make_node("Mul", ["level3", "gate"], ["scored"]),
+             helper.make_node("Add", ["scored", "rows"], ["output0"]),
+             helper.make_node("Mul", ["level", "zeros"], ["nothing"]),  # (N, M, h, w) of zeros
+             helper.make_node("Add", ["nothing", "protos"], ["output1"])]
+    inits = [numpy_helper.from_array(rows[None], "rows"), numpy_helper.from_array(gate[None], "gate"),
+             numpy_helper.from_array(protos[None], "protos"),
+             numpy_helper.from_array(np.zeros_like(protos[None]), "zeros"),
              numpy_helper.from_array(np.array([3], np.int64), "axis")]
     image = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 48])
-    outs = [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", *shape]),
-            helper.make_tensor_value_info("output1", TensorProto.FLOAT, ["N", coefficients, 8, 12])]
+    outs = [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", *rows.shape]),
+            helper.make_tensor_value_info("output1", TensorProto.FLOAT, ["N", *protos.shape])]
     _save(helper.make_graph(nodes, "seg", [image], outs, initializer=inits), path)
+
+
+def _instance_segmenter(path: Path, shape: tuple[int, int], coefficients: int) -> None:
+    """output0 (N, *shape) and output1 (N, coefficients, 8, 12), as a YOLOv8-seg export gives its boxes'
+    values (4 box values, the class scores, the mask coefficients: (N, values, 84) for 84 anchors;
+    YOLOv5-seg's (N, 84, values)) and its prototype masks; the values are the image's mean level times
+    fixed noise."""
+    rng = np.random.default_rng(0)
+    _seg_model(path, np.zeros(shape, np.float32), rng.random(shape, dtype=np.float32),
+               rng.random((coefficients, 8, 12), dtype=np.float32))
 
 
 @pytest.mark.parametrize("layout, classes, coefficients, labels, said", [
@@ -693,8 +704,6 @@ def _quadrant_segmenter(path: Path, layout: str) -> None:
     quadrant, class 0 scored by the image's mean level (0-1), coefficients (1, 0); anchor 1: the
     bottom-right quadrant, class 1 at 0.8, coefficients (0, 1); anchor 2: a box on the whole input at
     0.1, under any threshold."""
-    from onnx import TensorProto, helper, numpy_helper
-
     yolov5 = layout == "yolov5"
     anchors = np.array([[12, 8, 24, 16, 0.0, 0.0, 1, 0], [36, 24, 24, 16, 0.0, 0.8, 0, 1],
                         [24, 16, 48, 32, 0.1, 0.0, 0, 0]], np.float32)  # cx, cy, w, h, classes, coefficients
@@ -703,22 +712,10 @@ def _quadrant_segmenter(path: Path, layout: str) -> None:
     if yolov5:  # an objectness of 1 before the classes
         anchors, gate = np.insert(anchors, 4, 1.0, axis=1), np.insert(gate, 4, 0.0, axis=1)
     rows, gate = (anchors, gate) if yolov5 else (anchors.T, gate.T)
-    protos = np.full((1, 2, 8, 12), -10.0, np.float32)
-    protos[0, 0, :6, :9] = 10.0
-    protos[0, 1, 2:, 3:] = 10.0
-    nodes = [helper.make_node("ReduceMean", ["images"], ["level"], axes=[1, 2, 3], keepdims=1),  # (N, 1, 1, 1)
-             helper.make_node("Squeeze", ["level", "axis"], ["level3"]),  # (N, 1, 1)
-             helper.make_node("Mul", ["level3", "gate"], ["scored"]),
-             helper.make_node("Add", ["scored", "rows"], ["output0"]),
-             helper.make_node("Mul", ["level", "zeros"], ["nothing"]),  # (N, 2, 8, 12) of zeros
-             helper.make_node("Add", ["nothing", "protos"], ["output1"])]
-    inits = [numpy_helper.from_array(rows[None], "rows"), numpy_helper.from_array(gate[None], "gate"),
-             numpy_helper.from_array(protos, "protos"), numpy_helper.from_array(np.zeros_like(protos), "zeros"),
-             numpy_helper.from_array(np.array([3], np.int64), "axis")]
-    image = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 48])
-    outs = [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", *rows.shape]),
-            helper.make_tensor_value_info("output1", TensorProto.FLOAT, ["N", 2, 8, 12])]
-    _save(helper.make_graph(nodes, "quadrants", [image], outs, initializer=inits), path)
+    protos = np.full((2, 8, 12), -10.0, np.float32)
+    protos[0, :6, :9] = 10.0
+    protos[1, 2:, 3:] = 10.0
+    _seg_model(path, rows, gate, protos)
 
 
 @pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")  # pycocotools'
