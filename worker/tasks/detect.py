@@ -206,9 +206,8 @@ def _bilinear(values: np.ndarray, ys: np.ndarray, xs: np.ndarray, rows: tuple[in
               cols: tuple[int, int]) -> np.ndarray:
     """(h, w) values sampled bilinearly at rows `ys` and columns `xs` (index coordinates) within the
     rows and columns `rows` and `cols` (first, last: their edges repeated beyond them), as PyTorch's
-    bilinear interpolation of that part does: (len(ys), len(xs)) float32. In floating point throughout
-    (OpenCV's warps round coordinates to 1/32 of a pixel, which moves a mask's edge where its logits
-    cross 0 slowly)."""
+    bilinear interpolation of that part does: (len(ys), len(xs)) float32, in floating point throughout
+    (OpenCV's warps round sample coordinates to 1/32 of a pixel)."""
 
     def taps(at: np.ndarray, first: int, last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         at = np.clip(at, first, last)
