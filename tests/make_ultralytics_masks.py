@@ -23,6 +23,7 @@ import cv2
 import numpy as np
 import torch
 import ultralytics
+from ultralytics.engine.results import Results
 from ultralytics.utils import ops
 
 H, W, SIZE, M, TRIALS, BOXES = 240, 480, 160, 32, 2, 12
@@ -41,12 +42,31 @@ def main() -> None:
     boxes = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], -1).clip(0, [W, H, W, H]).astype(np.float32)
     masks = np.stack([ops.process_mask_native(torch.from_numpy(protos[t]), torch.from_numpy(coefficients[t]),
                                               torch.from_numpy(boxes[t]), (H, W)).numpy() > 0 for t in range(TRIALS)])
+    scores = rng.uniform(0.25, 1, (TRIALS, BOXES)).astype(np.float32)
+    classes = rng.integers(0, 80, (TRIALS, BOXES))
     out = Path(__file__).parent / "data" / "ultralytics_masks.npz"
     out.parent.mkdir(exist_ok=True)
     np.savez_compressed(out, protos=protos.astype(np.float16), coefficients=coefficients, boxes=boxes, masks=np.packbits(masks, axis=-1),
+                        scores=scores, classes=classes, txt=np.array([[_txt_line(boxes[t, k], scores[t, k], classes[t, k],
+                                                                                masks[t, k], out.parent / "txt")
+                                                                      for k in range(BOXES)] for t in range(TRIALS)]),
                         shape=np.array([H, W]), input_size=SIZE, top=top, scale=scale,
                         ultralytics=ultralytics.__version__)
     print(f"{out}: {TRIALS * BOXES} masks, Ultralytics {ultralytics.__version__}, {out.stat().st_size} bytes")
+
+
+def _txt_line(box: np.ndarray, score: float, cls: int, mask: np.ndarray, folder: Path) -> str:
+    """The line `Results.save_txt(save_conf=True)` writes for this box alone with its mask ('' for none)."""
+    result = Results(np.zeros((H, W, 3), np.uint8), "golden.png", {i: str(i) for i in range(80)},
+                     boxes=torch.tensor([[*box, score, cls]]), masks=torch.from_numpy(mask[None].astype(np.float32)))
+    folder.mkdir(exist_ok=True)
+    path = folder / "line.txt"
+    path.unlink(missing_ok=True)
+    result.save_txt(path, save_conf=True)
+    text = path.read_text().strip() if path.exists() else ""
+    path.unlink(missing_ok=True)
+    folder.rmdir()
+    return text
 
 
 if __name__ == "__main__":

@@ -738,7 +738,7 @@ def test_an_instance_segmenter_gives_each_box_its_mask(own, layout: str) -> None
     _quadrant_segmenter(folder / "quad.onnx", layout)
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: no padding
     cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))  # its part scores 20/255
-    cfg = dataclasses.replace(cfg, model="quad", outputs=dataclasses.replace(cfg.outputs, overlays=True))
+    cfg = dataclasses.replace(cfg, model="quad", outputs=dataclasses.replace(cfg.outputs, overlays=True, yolo_txt=True))
     assert run_folder(cfg, images).figures["done"] == 2
 
     white = json.loads((cfg.outbox / "white.png.json").read_text())
@@ -749,6 +749,12 @@ def test_an_instance_segmenter_gives_each_box_its_mask(own, layout: str) -> None
     expected = np.zeros((64, 96), np.uint8)
     expected[:32, :48], expected[32:, 48:] = 1, 2  # each box's prototype, cropped to the box
     assert instances.dtype == np.uint8 and np.array_equal(instances, expected)
+    # Ultralytics' segment lines: each mask's outline through its edge pixels' centres, normalised
+    lines = [[float(v) for v in line.split()] for line in (cfg.outbox / "white.png.txt").read_text().splitlines()]
+    corners = [[(0, 0), (0, 31), (47, 31), (47, 0)], [(48, 32), (48, 63), (95, 63), (95, 32)]]
+    assert [(line[0], line[-1]) for line in lines] == [(0, 1.0), (1, 0.8)]
+    for line, points in zip(lines, corners):
+        assert np.allclose(np.reshape(line[1:-1], (-1, 2)) * (96, 64), points, atol=1e-4)
     dark = json.loads((cfg.outbox / "dark.png.json").read_text())
     assert [(b["name"], b["mask_pixels"]) for b in dark["boxes"]] == [("scratch", 48 * 32)]
     dark_mask = cv2.imread(str(cfg.outbox / "dark.png.mask.png"), cv2.IMREAD_UNCHANGED)

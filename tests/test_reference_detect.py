@@ -214,3 +214,46 @@ def test_instance_masks_match_ultralytics_own() -> None:
             ious.append((mine & theirs).sum() / union if union else 1.0)  # both empty: the same
     # identical here (24 of 24 when made); a last bit of floating point may flip a pixel elsewhere
     assert pixels > 50_000 and min(ious) > 0.99 and differing <= pixels * 1e-4, (min(ious), differing, pixels)
+
+
+def test_yolo_txt_lines_of_instance_masks_match_ultralytics_save_txt() -> None:
+    """An instance segmenter's `<rel>.txt` line per box against the line Ultralytics'
+    `Results.save_txt(save_conf=True)` wrote for the same box and mask (tests/make_ultralytics_masks.py,
+    Ultralytics 8.4.190): the class, the outline's points normalised to the image, the score; no line
+    for a box without a mask. A mask of several parts is one polygon in both, its outlines joined by
+    seams, which each joins in its own order: there the same points, and a polygon that fills the mask."""
+    import cv2
+
+    from worker.results import Detections
+    from worker.yolo_txt import yolo_txt
+
+    golden = np.load(ROOT / "tests" / "data" / "ultralytics_masks.npz")
+    h, w = (int(v) for v in golden["shape"])
+    masks = np.unpackbits(golden["masks"], axis=-1, count=w).astype(bool)
+    joined = 0
+    for s in range(len(golden["boxes"])):
+        for k in range(len(golden["boxes"][s])):
+            result = Detections(golden["boxes"][s][k:k + 1], golden["classes"][s][k:k + 1],
+                                golden["scores"][s][k:k + 1], ("x",), (w, h), masks[s, k].astype(np.uint16))
+            mine, theirs = yolo_txt(result).strip(), str(golden["txt"][s][k])
+            if not theirs:
+                assert mine == "" and masks[s, k].sum() == 0
+                continue
+            m, t = [float(v) for v in mine.split()], [float(v) for v in theirs.split()]
+            assert m[0] == t[0] and m[-1] == pytest.approx(t[-1], abs=1e-4), (mine[:40], theirs[:40])
+            points = np.array(m[1:-1]).reshape(-1, 2)
+            theirs_points = np.array(t[1:-1]).reshape(-1, 2)
+            parts = len(cv2.findContours(masks[s, k].view(np.uint8), cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)[0])
+            if parts == 1:
+                assert points.shape == theirs_points.shape and np.abs(points - theirs_points).max() < 1e-5
+                continue
+            joined += 1
+            pixels = np.rint(points * (w, h)).astype(np.int32)
+            assert {tuple(p) for p in pixels} == {tuple(p) for p in np.rint(theirs_points * (w, h)).astype(int)}
+            filled, theirs_filled = np.zeros((h, w), np.uint8), np.zeros((h, w), np.uint8)
+            cv2.fillPoly(filled, [pixels], 1)
+            cv2.fillPoly(theirs_filled, [np.rint(theirs_points * (w, h)).astype(np.int32)], 1)
+            # every pixel of the mask, and no more of the seams' than Ultralytics' joins draw (2-154 here)
+            assert filled[masks[s, k]].all() and filled.sum() <= theirs_filled.sum(), (k, filled.sum(),
+                                                                                      theirs_filled.sum())
+    assert joined >= 5

@@ -105,7 +105,7 @@ class EngineConfig:
 class OutputConfig:
     json: bool = True  # <outbox>/<rel>.json per image
     masks: bool = True  # <outbox>/<rel>.mask.png for segmentation models
-    yolo_txt: bool = False  # <outbox>/<rel>.txt for detection models: class cx cy w h score (normalised)
+    yolo_txt: bool = False  # <outbox>/<rel>.txt for detection models: class cx cy w h score, or a mask's outline
     overlays: bool = False  # <outbox>/<rel>.overlay.jpg: the result drawn on the image
     errors: bool = True  # <outbox>/<rel>.error.json for a failed image, in place of its results
 

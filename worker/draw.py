@@ -52,12 +52,3 @@ def overlay(image: np.ndarray, result: Result) -> np.ndarray:
                         cv2.LINE_AA)
     return out
 
-
-def yolo_txt(result: Detections) -> str:
-    """One line per box: class cx cy w h score, coordinates normalised to the image size."""
-    w, h = result.image_size
-    lines = []
-    for (x1, y1, x2, y2), c, s in zip(result.xyxy, result.class_ids, result.scores):
-        lines.append(f"{int(c)} {(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} "
-                     f"{(y2 - y1) / h:.6f} {float(s):.4f}")
-    return "".join(line + "\n" for line in lines)

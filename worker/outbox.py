@@ -24,13 +24,14 @@ from typing import Any, Iterator
 import cv2
 import numpy as np
 
-from worker.draw import overlay, yolo_txt
+from worker.draw import overlay
 from worker.errors import OutboxFull, WorkerError
 from worker.maskpng import encode_class_png, encode_mask_png
 from worker.mounts import network_filesystem
 from worker.names import as_text
 from worker.processes import earlier_life
 from worker.results import ClassMask, Detections, Mask, Result
+from worker.yolo_txt import yolo_txt
 
 TMP_PREFIX = ".tmp-"
 FULL = {errno.ENOSPC, errno.EDQUOT}  # the filesystem, not the file: writes wait for room
