@@ -123,3 +123,23 @@ def test_a_disk_low_on_room_is_said_with_how_soon_it_fills(tmp_path: Path, caplo
     clock.now += 300
     quiet.tick()
     assert caplog.records[-1].levelno == logging.INFO and "low on disk" not in caplog.records[-1].message
+
+
+def test_a_run_without_a_status_line_is_told_of_a_low_disk_at_once_then_every_period(tmp_path: Path,
+                                                                                     caplog) -> None:
+    from worker.disks import DiskAlarm, LowDisk, filesystems
+
+    caplog.set_level(logging.WARNING, logger="worker.disks")
+    clock = Clock()
+    disks = filesystems([("outbox", tmp_path)])
+    alarm = DiskAlarm(LowDisk(disks, clock, low_bytes=0, low_fraction=1.0), 300, clock)
+    said = []
+    for step in (0, 1, 298, 1, 300):  # checks at 0 s (at once), 300 s and 600 s; not between
+        clock.now += step
+        alarm.tick()
+        said.append(len(caplog.records))
+    assert said == [1, 1, 1, 2, 3]
+    assert all(r.levelno == logging.WARNING and r.message.startswith("low on disk: ") for r in caplog.records)
+    quiet = DiskAlarm(LowDisk(disks, clock, low_bytes=0, low_fraction=0.0), 300, clock)
+    quiet.tick()
+    assert len(caplog.records) == 3

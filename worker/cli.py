@@ -406,15 +406,17 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
            db: str | None) -> None:
     """Is the watcher running and making progress? Exit 0 if so, 1 if not (for monitors).
 
-    Reads the database only: the latest `watch` run on the inbox, its process and its memory
-    samples (the heartbeat). States: running, stalled, gone (stopped without finishing), silent
-    (another host's, no recent sample), finished.
+    Reads the database: the latest `watch` run on the inbox, its process and its memory samples
+    (the heartbeat). States: running, stalled, gone (stopped without finishing), silent (another
+    host's, no recent sample), finished. Also says when the outbox's, archive's or SQLite database's
+    filesystem here is low on room (the exit status is the state's alone).
 
     \b
     Example:
       worker health --inbox /srv/scans/in
       worker health --run 12 --format json
     """
+    from worker.service import low_disk
     from worker.store.db import database
     from worker.store.queries import run_health
 
@@ -427,7 +429,9 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
         click.echo(json.dumps({"state": None, "detail": f"no {what} on record"}) if fmt == "json"
                    else f"no {what} on record")
         sys.exit(1)
-    click.echo(json.dumps(h.as_dict()) if fmt == "json" else f"run {h.run} ({h.mode}) {h.detail}")
+    low = low_disk(cfg, cfg.inputs.watch)  # this host's filesystems the config writes to
+    click.echo(json.dumps(h.as_dict() | {"low_disk": low}) if fmt == "json"
+               else f"run {h.run} ({h.mode}) {h.detail}" + (f"; {low}" if low else ""))
     sys.exit(0 if h.state == "running" else 1)
 
 

@@ -1,4 +1,5 @@
-"""Free space where the watcher writes (outbox, archive, a SQLite database), for its status line.
+"""Free space where the worker writes (outbox, archive, a SQLite database): the watcher's status line,
+`worker run`'s log and `worker health` say when it runs low.
 
 A watcher of months fills its disks: the archive keeps every input (a camera writing a 500 KB JPEG a
 second adds about 43 GB a day). A full outbox or archive loses nothing (outputs wait for room, inputs
@@ -8,11 +9,14 @@ left, and how soon it runs out at the rate it is filling.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
+
+log = logging.getLogger("worker.disks")
 
 LOW_BYTES = 2 * 2**30  # low: under this many bytes free, or under LOW_FRACTION of the filesystem if more
 LOW_FRACTION = 0.05
@@ -49,10 +53,12 @@ class LowDisk:
     """`check()` says, for each filesystem low on room, how much is free and how soon it fills at the
     rate it filled since the last check; None when none is low."""
 
-    def __init__(self, disks: Sequence[Filesystem], clock: Callable[[], float], low_bytes: int = LOW_BYTES,
-                 low_fraction: float = LOW_FRACTION) -> None:
+    def __init__(self, disks: Sequence[Filesystem], clock: Callable[[], float], low_bytes: int | None = None,
+                 low_fraction: float | None = None) -> None:
+        """`low_bytes`, `low_fraction`: low below either; by default LOW_BYTES and LOW_FRACTION."""
         self._disks, self._clock = list(disks), clock
-        self._low_bytes, self._low_fraction = low_bytes, low_fraction
+        self._low_bytes = LOW_BYTES if low_bytes is None else low_bytes
+        self._low_fraction = LOW_FRACTION if low_fraction is None else low_fraction
         self._last: dict[Path, tuple[float, int]] = {}  # path -> (when, free bytes) at the last check
 
     def check(self) -> str | None:
@@ -72,6 +78,23 @@ class LowDisk:
                 text += f", filling at {_size(per_s * 3600)}/h: full in about {_hours(usage.free / per_s)}"
             said.append(text)
         return "; ".join(said) or None
+
+
+class DiskAlarm:
+    """For a loop without a status line (`worker run`): `tick()` logs LowDisk's warning, checking at
+    once and then at most every `period_s`."""
+
+    def __init__(self, low: LowDisk, period_s: float, clock: Callable[[], float]) -> None:
+        self._low, self._period, self._clock = low, period_s, clock
+        self._next: float | None = None
+
+    def tick(self) -> None:
+        now = self._clock()
+        if self._next is not None and now < self._next:
+            return
+        self._next = now + self._period
+        if (text := self._low.check()) is not None:
+            log.warning("%s", text)
 
 
 def _size(n: float) -> str:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 import sqlalchemy
 
 from worker.config import Config, Disposition
-from worker.disks import LowDisk, filesystems
+from worker.disks import DiskAlarm, LowDisk, filesystems
 from worker.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import extension_of, walk
@@ -37,6 +37,8 @@ from worker.tasks import TaskAdapter, adapter_for
 
 log = logging.getLogger(__name__)
 
+RUN_DISK_CHECK_S = 300.0  # `worker run` checks its disks' room this often (it has no status line)
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -53,6 +55,11 @@ class Summary:
 def _archive(cfg: Config, inputs: Disposition | None) -> Path | None:
     """Where processed inputs go: the archive when they are moved (or, failed, kept there), else nowhere."""
     return cfg.archive if inputs in ("move", "delete") else None
+
+
+def low_disk(cfg: Config, inputs: Disposition | None) -> str | None:
+    """What is low on room now among the filesystems the worker fills, as the status line says it."""
+    return LowDisk(filesystems(_written(cfg, inputs)), time.monotonic).check()
 
 
 def _written(cfg: Config, inputs: Disposition | None) -> list[tuple[str, Path]]:
@@ -194,10 +201,13 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
     paths = walk(folder, cfg.extensions, skip=(cfg.outbox,), others=lambda p: not_images.update((extension_of(p.name),)))
     finished = (lambda job, status: progress(1)) if progress is not None else None
     inputs = None if cfg.inputs.run == "keep" else cfg.inputs.run  # keep: no input stage, no commit waits
+    # an overnight run has no status line: a disk running low is logged at once and every few minutes
+    disks = DiskAlarm(LowDisk(filesystems(_written(cfg, inputs)), time.monotonic), RUN_DISK_CHECK_S, time.monotonic)
     with open_pipeline(cfg, "run", folder, inputs, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         recovered = pipeline.recover(folder)
         for path in paths:
+            disks.tick()
             if stop is not None and stop.is_set():
                 break
             if recovered and path.relative_to(folder).as_posix() in recovered:  # rare: skip the per-path work
@@ -206,7 +216,7 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
                 job = Job.from_path(folder, path)
             except OSError:  # vanished or unreadable: the pipeline records why
                 job = Job(path=path, rel=path.relative_to(folder).as_posix(), size=-1, mtime_ns=0)
-            pipeline.submit(job, stop)
+            pipeline.submit(job, stop, waiting=disks.tick)
         pipeline.finish_or_abandon(stop)
         summary = _summary(cfg, pipeline, "run", time.perf_counter() - t0)
     summary.figures["not_images"] = dict(not_images.most_common())
@@ -248,9 +258,11 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
     with open_pipeline(cfg, "watch", inbox, cfg.inputs.watch, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
+        disks = LowDisk(filesystems(_written(cfg, cfg.inputs.watch)), time.monotonic)
+        if (low := disks.check()) is not None:  # said at start too: the first status line is minutes away
+            log.warning("%s", low)
         status = StatusLog(cfg.watch.status_log_s, pipeline.counts, pipeline.depth,
-                           held=lambda: intake.held() if intake is not None else 0,
-                           disks=LowDisk(filesystems(_written(cfg, cfg.inputs.watch)), time.monotonic))
+                           held=lambda: intake.held() if intake is not None else 0, disks=disks)
         watched: WatchedInbox | None = None
 
         def check() -> None:  # every pass of the intake loop, and while it waits for room in the pipeline
