@@ -695,6 +695,45 @@ def test_an_instance_segmenter_under_a_detector_s_card_without_masks_is_refused_
         f"for each box's mask")
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
 
+def _pose_model(path: Path) -> None:
+    """(N, 3, 32, 48) -> output0 (N, 56, 84), as a YOLOv8-pose export gives its rows: 4 box values, one
+    class score (0-1), 17 keypoints of x and y (input pixels) and visibility (0-1), for 84 anchors."""
+    rng = np.random.default_rng(0)
+    rows = np.concatenate([rng.uniform(4, 28, (4, 84)), rng.uniform(0, 1, (1, 84)),
+                           *[np.concatenate([rng.uniform(0, 48, (1, 84)), rng.uniform(0, 32, (1, 84)),
+                                             rng.uniform(0, 1, (1, 84))]) for _ in range(17)]]).astype(np.float32)
+    g = GraphBuilder()
+    level = g.node("ReduceMean", ["images"], axes=[1, 2, 3], keepdims=0)  # (N,): the image takes part
+    scaled = g.node("Mul", [g.node("Reshape", [level, g.const([-1, 1, 1], np.int64)]),
+                            g.const(np.zeros((1, 56, 84), np.float32))])
+    out = g.node("Add", [scaled, g.const(rows[None])], name="output0")
+    g.save(path, "images", ["N", 3, 32, 48], [(out, ["N", 56, 84])], "pose")
+
+
+@pytest.mark.parametrize("labels, said", [
+    ("[person]", "holds 4 box values, then the card's 1 class score and 51 more values up to 4\\d\\.\\d+ "
+                 "\\(17 keypoints of x, y and visibility, as a pose model such as YOLOv8-pose gives them\\): pose "
+                 "models are not supported"),
+    ("[]", "holds 4 box values, then values up to 4\\d\\.\\d+ where class scores \\(0 to 1\\) should be: not a "
+           "detector's rows as layout yolov8 reads them \\(a pose model's keypoints, which the worker does not "
+           "read, or scores before their sigmoid\\)"),
+])
+def test_a_pose_model_under_a_detector_s_card_is_refused_at_start(own, labels: str, said: str) -> None:
+    """A YOLOv8-pose export's rows read as a detector's: before, without labels, its keypoints' pixels
+    were taken for 52 classes' scores (an untrained yolov8n-pose export: 106 boxes on a photo, scored
+    up to 314), and with its one label refused only as `has 52 classes`."""
+    cfg, models, images = own
+    folder = _card_file(models, "pose", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+                                        "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
+                                        "std: [255, 255, 255]}\n"
+                                        f"postprocess: {{output: output0, layout: yolov8}}\nlabels: {labels}")
+    _pose_model(folder / "pose.onnx")
+    _thirds(images / "bands.png", [(0, 0, 255)] * 3)
+    with pytest.raises(ModelError, match=rf"^model 'pose': output 'output0' \(56, 84\) {said}$"):
+        run_folder(dataclasses.replace(cfg, model="pose"), images)
+    assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
+
+
 def _quadrant_segmenter(path: Path, layout: str) -> None:
     """(N, 3, 32, 48) -> an instance segmenter's two outputs, as YOLOv8-seg (or YOLOv5-seg) gives them:
     output0, 3 anchors' rows (yolov8: (N, 4+2+2, 3); yolov5: (N, 3, 5+2+2)), and output1, 2 prototype

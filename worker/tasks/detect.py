@@ -113,7 +113,29 @@ class Detector(CardPreprocessing):
                 (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
             raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
                              f"{tuple(output.shape)} holds {per_row} box values, {said}")
+        if said := self._not_scores(output if axis == 1 else output.T, per_row, m):
+            raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
+                             f"{tuple(output.shape)} holds {per_row} box values, then {said}")
         check_labels(self.card, output.shape[axis] - per_row - m, output)
+
+    def _not_scores(self, rows: np.ndarray, per_row: int, m: int) -> str | None:
+        """What the values a layout reads as scores (0 to 1: every YOLO and DETR export applies its
+        sigmoid) hold instead, from `rows` (A, values) of the warm-up's output; None when they are
+        scores. A pose model's keypoints (pixels) would be read as classes: boxes of nonsense."""
+        first = per_row - 1 if self.card.postprocess.layout == "yolov5" else per_row  # an objectness too
+        scores = rows[:, first:rows.shape[1] - m]
+        if not scores.size or float(scores.max()) <= 1.01:  # float16 rounding aside
+            return None
+        top, labels, values = float(scores.max()), len(self.card.labels), rows.shape[1] - per_row - m
+        if labels and values > labels and float(rows[:, per_row:per_row + labels].max()) <= 1.01:
+            more = values - labels
+            keypoints = f"{more // 3} keypoints of x, y and visibility, as" if more % 3 == 0 else "keypoints, as"
+            return (f"the card's {labels} class score{'s' if labels > 1 else ''} and {more} more values up to "
+                    f"{top:.4g} ({keypoints} a pose model such as YOLOv8-pose gives them): pose models are not "
+                    f"supported")
+        return (f"values up to {top:.4g} where class scores (0 to 1) should be: not a detector's rows as layout "
+                f"{self.card.postprocess.layout} reads them (a pose model's keypoints, which the worker does not "
+                f"read, or scores before their sigmoid)")
 
     def _values(self, coefficients: int) -> int:
         """What a row holds after its box, as `_anchors_last` counts it: the card's classes and any mask
