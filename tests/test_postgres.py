@@ -127,6 +127,10 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
             assert top == outbox_top
         (stats,) = run_stats(db, run_id=first.run_id, warmup_s=0)  # an image counts in the run that last had it
         assert stats["counts"] == {"done": 3} and stats["latency_ms"]["total_ms"]["p50"] > 0
+        # what the images held: each one's top label, counted (that grouping ran here too)
+        res = stats["results"]
+        assert (res["task"], res["images"], res["none"]) == ("classify", 3, 0)
+        assert sum(lb["images"] for lb in res["labels"]) == 3 and outbox_top in [lb["name"] for lb in res["labels"]]
         (stats,) = run_stats(db, run_id=second.run_id, warmup_s=0)
         assert stats["counts"] == {"failed": 1} and stats["health"]["state"] == "finished"
         # a window (`stats --since`) and `query`'s rows, their documents from JSONB, there too

@@ -342,6 +342,11 @@ def test_query_filters_and_stats(cfg, tmp_path: Path, samples: Path) -> None:
     assert stats["images_per_s"] > 0 and stats["batch_size_mean"] == 1.0
     assert all(stats["latency_ms"][s]["p50"] > 0 for s in ("decode_ms", "preprocess_ms", "infer_ms", "write_ms"))
     assert stats["memory"]["samples"] >= 2 and stats["memory"]["rss_peak_mb"] > 50
+    res = stats["results"]  # what the two done images held: PP-OCR's text, where it found some
+    with_text = rels(label="text", status="done")
+    assert res["task"] == "segment" and res["images"] == 2 and "line3/page.png" in with_text
+    assert res["labels"] == [{"name": "text", "images": len(with_text)}] and res["none"] == 2 - len(with_text)
+    assert 0.5 < res["score"]["p50"] <= 1.0  # the mean probability over the text's pixels
     db.dispose()
 
 
@@ -1050,3 +1055,64 @@ def test_stats_in_a_window_cover_only_what_happened_in_it(tmp_path: Path) -> Non
     assert st["counts"] == {"done": 24} and st["memory"]["rss_end_mb"] == 100.0
     assert 0.95 <= st["images_per_s"] <= 1.0  # its samples reach the window's last hour, not its end
     db.dispose()
+
+
+def test_stats_say_what_the_images_held(tmp_path: Path) -> None:
+    """Per run, what its done images held: a classifier's top labels (the best of each image's top-k,
+    whatever order its rows came in), a detector's boxes by class with the images holding them and the
+    images with none, and the score's percentiles (a detector's over the images with boxes); in a window,
+    only the images last updated in it. `worker stats` prints it as one line."""
+    from click.testing import CliRunner
+    from sqlalchemy.orm import Session
+
+    from worker.cli import cli
+    from worker.store.schema import LabelRow, ResultRow, Run
+
+    db = open_db(f"sqlite:///{tmp_path / 'w.db'}")
+    t0 = datetime(2026, 9, 1, tzinfo=timezone.utc)
+    found = {  # run -> (image, task, score, [(label, score)], status): label rows in the order written
+        "classify": [("a", 0.9, [("b", 0.05), ("a", 0.9)]), ("a", 0.8, [("a", 0.8), ("c", 0.1)]),
+                     ("b", 0.7, [("b", 0.7), ("a", 0.2)]), ("c", 0.6, [("c", 0.6)]), ("x", 0.0, None)],
+        "detect": [("1", 0.9, [("person", 0.9), ("car", 0.7), ("person", 0.5)]), ("2", 0.0, []),
+                   ("3", 0.4, [("car", 0.4)])],
+    }
+    ids = {}
+    with Session(db) as session:
+        n = 0
+        for task, images in found.items():
+            run = Run(mode="run", host="h", pid=1, root=f"/{task}", model=task, model_sha256="", providers="cpu",
+                      config={}, version="0", started_at=t0, finished_at=t0 + timedelta(hours=3))
+            session.add(run)
+            session.flush()
+            ids[task] = run.id
+            for i, (name, score, labels) in enumerate(images):
+                n += 1
+                at = t0 + timedelta(hours=i)
+                session.add(ImageRow(id=n, run_id=run.id, rel_path=f"{name}.png", sha256=f"{n:064d}", model=task,
+                                     size=1, status="failed" if labels is None else "done", attempts=1,
+                                     created_at=at, updated_at=at))
+                session.flush()
+                if labels is not None:
+                    session.add(ResultRow(image_id=n, task=task, score=score, payload={}))
+                    session.add_all(LabelRow(image_id=n, class_id=0, name=label, score=s) for label, s in labels)
+        session.commit()
+
+    (classify,) = run_stats(db, run_id=ids["classify"])
+    res = classify["results"]
+    assert (res["task"], res["images"], res["none"]) == ("classify", 4, 0)
+    assert res["labels"] == [{"name": "a", "images": 2}, {"name": "b", "images": 1}, {"name": "c", "images": 1}]
+    assert res["score"]["p50"] == pytest.approx(0.75)
+    (detect,) = run_stats(db, run_id=ids["detect"])
+    res = detect["results"]
+    assert (res["task"], res["images"], res["none"]) == ("detect", 3, 1)
+    assert res["labels"] == [{"name": "car", "images": 2, "boxes": 2}, {"name": "person", "images": 1, "boxes": 2}]
+    assert res["score"]["p50"] == pytest.approx(0.65)  # of the two images with boxes: 0.9 and 0.4
+    (late,) = run_stats(db, run_id=ids["detect"], since=t0 + timedelta(hours=1.5))
+    assert late["results"]["labels"] == [{"name": "car", "images": 1, "boxes": 1}] and late["results"]["none"] == 0
+    assert run_stats(db, run_id=ids["detect"], since=t0 + timedelta(hours=2.5))[0]["results"] == {}
+    db.dispose()
+
+    text = CliRunner().invoke(cli, ["stats", "--db", f"sqlite:///{tmp_path / 'w.db'}"]).output
+    assert "  results: 4 images done; top label a 2 (50.0%), b 1 (25.0%), c 1 (25.0%); top-1 probability p5 " in text
+    assert ("  results: 3 images done; boxes of car 2 in 2 (66.7%), person 2 in 1 (33.3%); nothing in 1 (33.3%); "
+            "best box's score p5 0.425, p50 0.65, p95 0.875") in text, text

@@ -341,7 +341,7 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
 @click.pass_context
 def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str | None, warmup: str | None,
           since: str | None, until: str | None) -> None:
-    """Per-run counts, throughput, per-stage latency percentiles and memory trend.
+    """Per-run counts, what the images held (labels, scores), throughput, latency and memory trend.
 
     \b
     Example:
@@ -373,6 +373,8 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
             click.echo(f"  state: {r['health']['detail']}")
         click.echo(f"  counts: {json.dumps(r['counts'])}  images/s: {_or_dash(r['images_per_s'])}  "
                    f"mean batch: {_or_dash(r['batch_size_mean'])}")
+        if r["results"]:
+            click.echo(f"  {_results_line(r['results'])}")
         if r["batch_size_mean"] is None:
             click.echo("  latency: no image done")
         else:
@@ -392,6 +394,33 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
         if "gpu_peak_mb" in m:
             click.echo(f"  GPU memory: {m['gpu_start_mb']} -> {m['gpu_end_mb']} MB (peak {m['gpu_peak_mb']}), "
                        f"slope {_or_dash(m['gpu_slope_mb_per_h'])} MB/h after warm-up")
+
+
+_SCORES = {"classify": "top-1 probability", "detect": "best box's score", "segment": "mean mask probability"}
+_LISTED_LABELS = 8  # the most frequent; the JSON lists them all
+
+
+def _results_line(res: dict[str, Any]) -> str:
+    """`stats`' line on what a run's done images held: the most frequent labels and the score."""
+    n = res["images"]
+
+    def share(k: int) -> str:
+        return f"{k} ({100 * k / n:.1f}%)"
+
+    listed = res["labels"][:_LISTED_LABELS]
+    if res["task"] == "classify":
+        found = "top label " + ", ".join(f"{lb['name']} {share(lb['images'])}" for lb in listed)
+    elif res["task"] == "detect":
+        found = "boxes of " + ", ".join(f"{lb['name']} {lb['boxes']} in {share(lb['images'])}" for lb in listed)
+    else:
+        found = "found " + ", ".join(f"{lb['name']} in {share(lb['images'])}" for lb in listed)
+    more = len(res["labels"]) - len(listed)
+    found = (found + (f" and {more} more" if more else "")) if listed else "nothing found"
+    none = f"; nothing in {share(res['none'])}" if res["none"] and listed else ""
+    p = res["score"]
+    scores = (f"; {_SCORES.get(res['task'], 'score')} p5 {p['p5']}, p50 {p['p50']}, p95 {p['p95']}"
+              if listed else "")
+    return f"results: {n} images done; {found}{none}{scores}"
 
 
 @cli.command()

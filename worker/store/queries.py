@@ -161,6 +161,7 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
                                     .where(ImageRow.run_id == rid, *window.of(ImageRow.updated_at))
                                     .group_by(ImageRow.status)).all())
             stats = _one_run(dict(run), counts, _timings(c, rid, window), _samples(c, rid, window), warmup_s, window)
+            stats["results"] = _results(c, rid, window)
             stats["health"] = assess(dict(run), _latest_beats(c, dict(run), STALL_S), utcnow()).as_dict()
             out.append(stats)
     return out
@@ -202,6 +203,42 @@ def _timings(c: Any, rid: int, window: _Window) -> _Timings:
     if stride > 1:
         q = q.where(TimingRow.image_id % stride == 0)
     return _Timings(c.execute(q).all(), total, stride, float(batch_mean) if batch_mean is not None else None)
+
+
+def _results(c: Any, rid: int, window: _Window) -> dict[str, Any]:
+    """What the run's done images held: the task; the score `query` lists (a classifier's top-1
+    probability, a detector's best box's score, a segmenter's mean mask probability; the last two over
+    the images where something was found) as p5/p50/p95;
+    per label, most first, the images naming it (a classifier's top label; a detector's boxes' classes,
+    with the boxes; a segmenter's classes present) and the images naming none. Label counts are exact;
+    the percentiles read every k-th score beyond TIMING_CAP images. Empty when no image is done."""
+    done = (ImageRow.run_id == rid, ImageRow.status == JobStatus.DONE.value, *window.of(ImageRow.updated_at))
+    task, total = c.execute(select(func.max(ResultRow.task), func.count())
+                            .join(ImageRow, ImageRow.id == ResultRow.image_id).where(*done)).one()
+    if not total:
+        return {}
+    stride = max(1, -(-total // TIMING_CAP))
+    q = select(ResultRow.score).join(ImageRow, ImageRow.id == ResultRow.image_id).where(*done)
+    if task != "classify":  # of the images where something was found: the others' 0 says nothing
+        q = q.where(exists().where(LabelRow.image_id == ResultRow.image_id))
+    scores = c.execute(q.where(ResultRow.image_id % stride == 0) if stride > 1 else q).scalars().all()
+    if task == "classify":  # its top label, as `query` gives it: the top-k's best
+        top = (select(LabelRow.name).where(LabelRow.image_id == ImageRow.id)
+               .order_by(LabelRow.score.desc()).limit(1).scalar_subquery())
+        tops = select(top.label("name")).where(*done).subquery()
+        rows = c.execute(select(tops.c.name, func.count(), func.count()).group_by(tops.c.name)).all()
+    else:
+        rows = c.execute(select(LabelRow.name, func.count(LabelRow.image_id.distinct()), func.count())
+                         .join(ImageRow, ImageRow.id == LabelRow.image_id).where(*done).group_by(LabelRow.name)).all()
+    if task == "classify":  # one top label each, when it has any
+        named = sum(images for name, images, _ in rows if name is not None)
+    else:
+        named = c.execute(select(func.count(LabelRow.image_id.distinct()))
+                          .join(ImageRow, ImageRow.id == LabelRow.image_id).where(*done)).scalar() or 0
+    labels = [{"name": name, "images": images, **({"boxes": n} if task == "detect" else {})}
+              for name, images, n in sorted(rows, key=lambda r: (-r[1], str(r[0]))) if name is not None]
+    return {"task": task, "images": total, "score": {k: round(v, 4) for k, v in percentiles(scores, (5, 50, 95)).items()},
+            "scores_read": {"read": len(scores), "stride": stride}, "labels": labels, "none": total - named}
 
 
 @dataclass(frozen=True)
