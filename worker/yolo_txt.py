@@ -54,8 +54,19 @@ def join_outlines(outlines: list[np.ndarray]) -> np.ndarray:
     path = outlines[0].astype(np.int64)
     for nxt in outlines[1:]:
         nxt = nxt.astype(np.int64)
-        d = ((path[:, None, :] - nxt[None, :, :]) ** 2).sum(axis=-1)  # (len(path), len(nxt))
-        i, j = np.unravel_index(int(d.argmin()), d.shape)
+        i, j = _nearest_pair(path, nxt)
         loop = np.concatenate([nxt[j:], nxt[:j + 1]])  # round the next outline, back to where it was entered
         path = np.concatenate([path[:i + 1], loop, path[i:]])
     return path
+
+
+def _nearest_pair(a: np.ndarray, b: np.ndarray, chunk: int = 256) -> tuple[int, int]:
+    """(i, j) with a[i] and b[j] nearest each other; b taken `chunk` points at a time, so that two long
+    outlines (thousands of points each) need no matrix of every pair at once."""
+    best, at = None, (0, 0)
+    for start in range(0, len(b), chunk):
+        d = ((a[:, None, :] - b[None, start:start + chunk, :]) ** 2).sum(axis=-1)  # (len(a), <= chunk)
+        k = int(d.argmin())
+        if best is None or d.flat[k] < best:
+            best, at = d.flat[k], (k // d.shape[1], start + k % d.shape[1])
+    return at

@@ -206,12 +206,12 @@ def _timings(c: Any, rid: int, window: _Window) -> _Timings:
 
 
 def _results(c: Any, rid: int, window: _Window) -> dict[str, Any]:
-    """What the run's done images held: the task; the score `query` lists (a classifier's top-1
-    probability, a detector's best box's score, a segmenter's mean mask probability; the last two over
-    the images where something was found) as p5/p50/p95;
-    per label, most first, the images naming it (a classifier's top label; a detector's boxes' classes,
-    with the boxes; a segmenter's classes present) and the images naming none. Label counts are exact;
-    the percentiles read every k-th score beyond TIMING_CAP images. Empty when no image is done."""
+    """What the run's done images held: the task; per label, most first, the images naming it (a
+    classifier's top label; a detector's boxes' classes, with the boxes; a segmenter's classes present);
+    the images naming none; and p5/p50/p95 of the score `query` lists (a classifier's top-1 probability,
+    a detector's best box's score or a segmenter's mean mask probability over the images where something
+    was found). Label counts are exact; the percentiles read every k-th score beyond TIMING_CAP images.
+    Empty when no image is done."""
     done = (ImageRow.run_id == rid, ImageRow.status == JobStatus.DONE.value, *window.of(ImageRow.updated_at))
     task, total = c.execute(select(func.max(ResultRow.task), func.count())
                             .join(ImageRow, ImageRow.id == ResultRow.image_id).where(*done)).one()
@@ -222,17 +222,15 @@ def _results(c: Any, rid: int, window: _Window) -> dict[str, Any]:
     if task != "classify":  # of the images where something was found: the others' 0 says nothing
         q = q.where(exists().where(LabelRow.image_id == ResultRow.image_id))
     scores = c.execute(q.where(ResultRow.image_id % stride == 0) if stride > 1 else q).scalars().all()
-    if task == "classify":  # its top label, as `query` gives it: the top-k's best
+    if task == "classify":  # its top label, as `query` gives it: the top-k's best; one each, when any
         top = (select(LabelRow.name).where(LabelRow.image_id == ImageRow.id)
                .order_by(LabelRow.score.desc()).limit(1).scalar_subquery())
         tops = select(top.label("name")).where(*done).subquery()
         rows = c.execute(select(tops.c.name, func.count(), func.count()).group_by(tops.c.name)).all()
+        named = sum(images for name, images, _ in rows if name is not None)
     else:
         rows = c.execute(select(LabelRow.name, func.count(LabelRow.image_id.distinct()), func.count())
                          .join(ImageRow, ImageRow.id == LabelRow.image_id).where(*done).group_by(LabelRow.name)).all()
-    if task == "classify":  # one top label each, when it has any
-        named = sum(images for name, images, _ in rows if name is not None)
-    else:
         named = c.execute(select(func.count(LabelRow.image_id.distinct()))
                           .join(ImageRow, ImageRow.id == LabelRow.image_id).where(*done)).scalar() or 0
     labels = [{"name": name, "images": images, **({"boxes": n} if task == "detect" else {})}
