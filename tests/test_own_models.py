@@ -695,33 +695,37 @@ def test_an_instance_segmenter_under_a_detector_s_card_without_masks_is_refused_
         f"for each box's mask")
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
 
-def _pose_model(path: Path) -> None:
-    """(N, 3, 32, 48) -> output0 (N, 56, 84), as a YOLOv8-pose export gives its rows: 4 box values, one
-    class score (0-1), 17 keypoints of x and y (input pixels) and visibility (0-1), for 84 anchors."""
-    rng = np.random.default_rng(0)
-    rows = np.concatenate([rng.uniform(4, 28, (4, 84)), rng.uniform(0, 1, (1, 84)),
-                           *[np.concatenate([rng.uniform(0, 48, (1, 84)), rng.uniform(0, 32, (1, 84)),
-                                             rng.uniform(0, 1, (1, 84))]) for _ in range(17)]]).astype(np.float32)
+def _pose_model(path: Path, rows: np.ndarray | None = None, gate: np.ndarray | None = None) -> None:
+    """(N, 3, 32, 48) -> output0 (N, values, anchors), as a YOLOv8-pose export gives its rows: 4 box values,
+    the class scores, then each keypoint's x, y (input pixels) and visibility (0-1); `rows` plus the
+    image's mean level (0-1) wherever `gate` is 1. By default 84 anchors of one class and 17 keypoints,
+    at random."""
+    if rows is None:
+        rng = np.random.default_rng(0)
+        rows = np.concatenate([rng.uniform(4, 28, (4, 84)), rng.uniform(0, 1, (1, 84)),
+                               *[np.concatenate([rng.uniform(0, 48, (1, 84)), rng.uniform(0, 32, (1, 84)),
+                                                 rng.uniform(0, 1, (1, 84))]) for _ in range(17)]]).astype(np.float32)
+    gate = np.zeros_like(rows) if gate is None else gate
     g = GraphBuilder()
     level = g.node("ReduceMean", ["images"], axes=[1, 2, 3], keepdims=0)  # (N,): the image takes part
-    scaled = g.node("Mul", [g.node("Reshape", [level, g.const([-1, 1, 1], np.int64)]),
-                            g.const(np.zeros((1, 56, 84), np.float32))])
+    scaled = g.node("Mul", [g.node("Reshape", [level, g.const([-1, 1, 1], np.int64)]), g.const(gate[None])])
     out = g.node("Add", [scaled, g.const(rows[None])], name="output0")
-    g.save(path, "images", ["N", 3, 32, 48], [(out, ["N", 56, 84])], "pose")
+    g.save(path, "images", ["N", 3, 32, 48], [(out, ["N", *rows.shape])], "pose")
 
 
 @pytest.mark.parametrize("labels, said", [
-    ("[person]", "holds 4 box values, then the card's 1 class score and 51 more values up to 4\\d\\.\\d+ "
-                 "\\(17 keypoints of x, y and visibility, as a pose model such as YOLOv8-pose gives them\\): pose "
-                 "models are not supported"),
+    ("[person]", "holds 4 box values, then the card's 1 class score and 51 more values up to 4\\d\\.\\d+: keypoints, "
+                 "as a pose model such as YOLOv8-pose gives them\\? Name their shape in the card \\(the model's "
+                 "kpt_shape\\), postprocess.keypoints: \\[17, 3\\]"),
     ("[]", "holds 4 box values, then values up to 4\\d\\.\\d+ where class scores \\(0 to 1\\) should be: not a "
-           "detector's rows as layout yolov8 reads them \\(a pose model's keypoints, which the worker does not "
-           "read, or scores before their sigmoid\\)"),
+           "detector's rows as layout yolov8 reads them \\(a pose model's keypoints\\? postprocess.keypoints: "
+           "\\[K, D\\] names them; or scores before their sigmoid\\)"),
 ])
-def test_a_pose_model_under_a_detector_s_card_is_refused_at_start(own, labels: str, said: str) -> None:
-    """A YOLOv8-pose export's rows read as a detector's: before, without labels, its keypoints' pixels
-    were taken for 52 classes' scores (an untrained yolov8n-pose export: 106 boxes on a photo, scored
-    up to 314), and with its one label refused only as `has 52 classes`."""
+def test_a_pose_model_under_a_card_without_keypoints_is_refused_at_start_saying_what_to_add(
+        own, labels: str, said: str) -> None:
+    """A YOLOv8-pose export's rows read as a plain detector's: before session 37, without labels, its
+    keypoints' pixels were taken for 52 classes' scores (an untrained yolov8n-pose export: 106 boxes on
+    a photo, scored up to 314), and with its one label refused only as `has 52 classes`."""
     cfg, models, images = own
     folder = _card_file(models, "pose", "task: detect\ninput: {name: images, size: [32, 48]}\n"
                                         "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
@@ -732,6 +736,65 @@ def test_a_pose_model_under_a_detector_s_card_is_refused_at_start(own, labels: s
     with pytest.raises(ModelError, match=rf"^model 'pose': output 'output0' \(56, 84\) {said}$"):
         run_folder(dataclasses.replace(cfg, model="pose"), images)
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
+
+
+@pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")  # pycocotools'
+def test_a_pose_model_gives_each_box_its_keypoints(own) -> None:
+    """A YOLOv8-pose export under a card naming its keypoints ([3, 3] here): each box gets its points in
+    the original's pixels (twice the input here) with their visibility, in the JSON, Ultralytics' pose
+    line, the overlay (the points seen, from 0.5) and COCO's keypoints; a card whose [K, D] does not fit
+    the model is refused at start."""
+    from pycocotools.coco import COCO
+
+    cfg, models, images = own
+    body = ("task: detect\ninput: {name: images, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
+            "mean: [0, 0, 0], std: [255, 255, 255]}\npostprocess: {output: output0, layout: yolov8, threshold: 0.5, "
+            "keypoints: [3, 3]}\nlabels: [part]")
+    folder = _card_file(models, "pose", body)
+    # anchor 0: a box on the top-left quadrant scored by the image's level, its 3 points (x, y, seen);
+    # anchor 1: the bottom-right quadrant at 0.1, under the threshold
+    anchors = np.array([[12, 8, 24, 16, 0.0, 6, 4, 0.9, 18, 12, 0.2, 30, 20, 0.95],
+                        *[[36, 24, 24, 16, 0.1, 40, 30, 1.0, 41, 30, 1.0, 42, 30, 1.0]] * 20], np.float32)
+    gate = np.zeros_like(anchors)
+    gate[0, 4] = 1.0
+    _pose_model(folder / "pose.onnx", anchors.T, gate.T)
+    cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: no padding
+    cfg = dataclasses.replace(cfg, model="pose", outputs=dataclasses.replace(cfg.outputs, overlays=True,
+                                                                              yolo_txt=True))
+    assert run_folder(cfg, images).figures["done"] == 1
+
+    (box,) = json.loads((cfg.outbox / "white.png.json").read_text())["boxes"]
+    assert (box["name"], box["xyxy"]) == ("part", [0, 0, 48, 32])
+    assert box["keypoints"] == [[12.0, 8.0, 0.9], [36.0, 24.0, 0.2], [60.0, 40.0, 0.95]]
+    (line,) = (cfg.outbox / "white.png.txt").read_text().splitlines()
+    assert line == ("0 0.250000 0.250000 0.500000 0.500000 0.125000 0.125000 0.900000 0.375000 0.375000 "
+                    "0.200000 0.625000 0.625000 0.950000 1.0000")
+    overlay = cv2.imread(str(cfg.outbox / "white.png.overlay.jpg")).astype(int)
+    assert np.abs(overlay[40, 60] - 255).max() > 60  # a dot where a point is seen (0.95)
+    assert np.abs(overlay[24, 36] - 255).max() < 30  # none at the one seen at 0.2
+
+    db = open_db(cfg.db)
+    try:
+        exported = coco(db, Filters(model="pose"), ("part",), "detect", cfg.outbox)
+    finally:
+        db.dispose()
+    (ann,) = exported["annotations"]
+    assert ann["keypoints"] == [12.0, 8.0, 2, 36.0, 24.0, 1, 60.0, 40.0, 2] and ann["num_keypoints"] == 3
+    assert ann["keypoint_scores"] == [0.9, 0.2, 0.95] and exported["categories"][0]["keypoints"] == ["1", "2", "3"]
+    path = cfg.outbox / "coco.json"
+    path.write_text(json.dumps(exported))
+    assert COCO(str(path)).loadAnns(COCO(str(path)).getAnnIds())[0]["keypoints"][:3] == [12.0, 8.0, 2]
+
+    # a card whose [K, D] is not the model's: a point too few leaves its values over, where a class
+    # score would be; two values a point read visibilities as coordinates, and the reverse
+    for shape, said in (("[2, 3]", r"the card's 1 class score and 3 more values up to 40, before the 6 that "
+                                   r"postprocess.keypoints \[2, 3\] reads: the card's keypoints are not the model's"),
+                        ("[4, 2]", r"the card's 1 class score and 1 more value up to 40, before the 8 that "),
+                        ("[2, 2]", r"up to 41, before the 4 that postprocess.keypoints \[2, 2\] reads"),
+                        ("[1, 3]", r"up to 41, before the 3 that postprocess.keypoints \[1, 3\] reads")):
+        (folder / "model.yaml").write_text(f"name: pose\nonnx: pose.onnx\n{body.replace('[3, 3]', shape)}\n")
+        with pytest.raises(ModelError, match=said):
+            run_folder(cfg, images)
 
 
 def _quadrant_segmenter(path: Path, layout: str) -> None:
@@ -937,3 +1000,52 @@ def test_a_model_exported_with_a_fixed_batch_gets_padded_batches(own, dynamic: b
     assert run_folder(cfg, images).figures["done"] == 3
     for name, label in (("r.png", "red"), ("g.png", "green"), ("b.png", "blue")):
         assert json.loads((cfg.outbox / f"{name}.json").read_text())["labels"][0]["name"] == label
+
+
+def test_a_keypoint_card_whose_visibilities_are_coordinates_is_refused(tmp_path: Path) -> None:
+    """[K, 3] on a model whose points are [K', 2] with K x 3 = K' x 2 values: every third value read as a
+    visibility is a coordinate (pixels); refused, or every point would be seen, at visibilities of
+    hundreds. A card's [K, D] and where it applies are held to at load."""
+    from worker.tasks import adapter_for
+
+    card = tmp_path / "model.yaml"
+    card.write_text("name: p\ntask: detect\nonnx: p.onnx\ninput: {name: images, size: [32, 48]}\n"
+                    "preprocess: {resize: letterbox}\npostprocess: {layout: yolov8, keypoints: [2, 3]}\nlabels: [a]\n")
+    rows = np.zeros((4 + 1 + 6, 50), np.float32)
+    rows[5:] = 30.0  # three points of x and y at 30 px, where the card reads two of x, y and visibility
+    with pytest.raises(ModelError, match=r"postprocess.keypoints \[2, 3\] reads every third keypoint value as a "
+                                         r"visibility \(0 to 1\), but output '' gives up to 30 there"):
+        adapter_for(load_card(card)).check_output(rows)
+    rows[[7, 10]] = 0.5  # visibilities: the card fits
+    adapter_for(load_card(card)).check_output(rows)
+    for bad, said in (("keypoints: [17, 4]", r"'postprocess.keypoints' is \[K, D\]"),
+                      ("keypoints: [17]", r"'postprocess.keypoints' is \[K, D\]"),
+                      ("layout: detr, keypoints: [17, 3]", "for a detector's layout yolov5, yolov8 or end2end")):
+        card.write_text(card.read_text().replace("layout: yolov8, keypoints: [2, 3]", bad))
+        with pytest.raises(ConfigError, match=said):
+            load_card(card)
+        card.write_text(card.read_text().replace(bad, "layout: yolov8, keypoints: [2, 3]"))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_an_end_to_end_pose_model_s_keypoints_follow_its_boxes(tmp_path: Path, transposed: bool) -> None:
+    """YOLO26-pose's NMS-free rows: x1, y1, x2, y2, score, class, then the keypoints ((K, 6 + K x D), or
+    its transpose): each kept box's points mapped back through the letterbox as its box is."""
+    from worker.tasks import adapter_for
+    from worker.tasks.preprocess import resize_for
+
+    card_file = tmp_path / "model.yaml"
+    card_file.write_text("name: p\ntask: detect\nonnx: p.onnx\ninput: {name: images, size: [32, 48]}\n"
+                         "preprocess: {resize: letterbox}\npostprocess: {layout: end2end, threshold: 0.5, "
+                         "keypoints: [2, 3]}\nlabels: [a, b]\n")
+    card = load_card(card_file)
+    rows = np.array([[8, 8, 24, 16, 0.9, 1, 10, 10, 0.8, 20, 14, 0.3],
+                     [0, 8, 48, 24, 0.2, 0, 1, 9, 1.0, 2, 9, 1.0]], np.float32)  # the second under 0.5
+    detector = adapter_for(card)
+    output = rows.T.copy() if transposed else rows
+    detector.check_output(output)
+    _, geometry = resize_for(np.zeros((16, 48, 3), np.uint8), card.preprocess, (32, 48))  # 8 px above and below
+    result = detector.postprocess(output, geometry)
+    assert result.class_ids.tolist() == [1] and result.xyxy.tolist() == [[8, 0, 24, 8]]
+    assert result.keypoints is not None and result.keypoints.tolist() == [[[10, 2, 0.800000011920929],
+                                                                           [20, 6, 0.30000001192092896]]]

@@ -257,3 +257,34 @@ def test_yolo_txt_lines_of_instance_masks_match_ultralytics_save_txt() -> None:
             assert filled[masks[s, k]].all() and filled.sum() <= theirs_filled.sum(), (k, filled.sum(),
                                                                                       theirs_filled.sum())
     assert joined >= 5
+
+
+def test_pose_boxes_and_keypoints_match_ultralytics_own(tmp_path: Path) -> None:
+    """A YOLOv8-pose output's boxes, scores, classes and keypoints for a 427x640 photo letterboxed into a
+    320x320 input, against what Ultralytics' own PosePredictor postprocessing made of the same numbers
+    (tests/make_ultralytics_pose.py, Ultralytics 8.4.190): NMS, then boxes and keypoints back to the photo
+    with each side's own scale, clipped to it; a visibility as the model gave it."""
+    from worker.models.card import load_card
+    from worker.tasks import adapter_for
+    from worker.tasks.preprocess import resize_for
+
+    golden = np.load(ROOT / "tests" / "data" / "ultralytics_pose.npz")
+    (tmp_path / "model.yaml").write_text(
+        "name: pose\ntask: detect\nonnx: pose.onnx\ninput: {name: images, size: [320, 320]}\n"
+        "preprocess: {color: rgb, resize: letterbox, pad_value: 114, mean: [0, 0, 0], std: [255, 255, 255]}\n"
+        "postprocess: {output: output0, layout: yolov8, threshold: 0.25, iou: 0.45, keypoints: [17, 3]}\n"
+        "labels: [a, b]\n")
+    card = load_card(tmp_path / "model.yaml")
+    detector = adapter_for(card)
+    h, w = (int(v) for v in golden["shape"])
+    _, geometry = resize_for(np.zeros((h, w, 3), np.uint8), card.preprocess, (320, 320))
+    detector.check_output(golden["raw"])  # a card that fits its model
+    result = detector.postprocess(golden["raw"], geometry)
+    assert len(result.scores) == len(golden["conf"]) > 100
+    order = np.argsort(-golden["conf"], kind="stable")  # best first, as the worker lists them
+    assert np.array_equal(result.class_ids, golden["cls"][order].astype(np.int64))
+    assert np.allclose(result.scores, golden["conf"][order], atol=1e-6)
+    assert np.abs(result.xyxy - golden["xyxy"][order]).max() < 1e-3
+    assert result.keypoints is not None and result.keypoints.shape == (len(order), 17, 3)
+    assert np.abs(result.keypoints - golden["keypoints"][order]).max() < 1e-3
+    assert result.keypoints[:, :, 0].max() == w and result.keypoints[:, :, 1].min() == 0  # clipped, as theirs

@@ -799,13 +799,14 @@ def models_check(ctx: click.Context, name: str) -> None:
     click.echo(f"  runs on {', '.join(m.engine.providers)}, batches of up to {m.max_batch}")
     for kind, items in (("input", session.get_inputs()), ("output", session.get_outputs())):
         for port in items:
-            use = _model_io_use(m.engine, port.name)
+            use = _model_io_use(m.engine, port.name, m.card.postprocess.keypoints)
             click.echo(f"  {kind:6s} {port.name} {port.type} {list(port.shape)}{use}")
     click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
 
 
-def _model_io_use(engine: Engine, name: str) -> str:
-    """What the worker does with one of the model's inputs or outputs, for `models check`."""
+def _model_io_use(engine: Engine, name: str, keypoints: tuple[int, ...] = ()) -> str:
+    """What the worker does with one of the model's inputs or outputs, for `models check` (`keypoints`:
+    a pose model's [K, D], which its rows end in)."""
     outs = engine.output_names
     if name == engine.input_name:
         return f": the image, {engine.layout.upper()}"
@@ -814,6 +815,9 @@ def _model_io_use(engine: Engine, name: str) -> str:
     if name == engine.masks:
         return ": read, each box's mask from these prototype masks"
     joined = [o for o in outs if o != engine.masks]
+    if name in joined and keypoints:
+        points = "x, y and visibility" if keypoints[1] == 3 else "x and y"
+        return f": read, each box's row ending in its {keypoints[0]} keypoints of {points}"
     if name in joined:
         return ": read" if len(joined) == 1 else f": read, joined as part {joined.index(name) + 1} of {len(joined)}"
     return ": not used"

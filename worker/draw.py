@@ -46,9 +46,31 @@ def overlay(image: np.ndarray, result: Result) -> np.ndarray:
             cv2.rectangle(out, (int(x1), int(y1)), (int(x2), int(y2)), color, 2)
             cv2.putText(out, f"{n} {s:.2f}", (int(x1), max(int(y1) - 4, 12)), cv2.FONT_HERSHEY_SIMPLEX, 0.5,
                         color, 1, cv2.LINE_AA)
+        if result.keypoints is not None:
+            for points in result.keypoints:
+                _draw_keypoints(out, points)
     elif isinstance(result, Classification):
         for i, (n, s) in enumerate(zip(result.names[:3], result.scores[:3])):
             cv2.putText(out, f"{n} {s:.2f}", (8, 20 + 20 * i), cv2.FONT_HERSHEY_SIMPLEX, 0.6, (0, 255, 0), 2,
                         cv2.LINE_AA)
     return out
 
+
+# COCO's person skeleton (its 17 keypoints, 0-based): drawn for a pose model of 17 points
+_COCO_SKELETON = ((15, 13), (13, 11), (16, 14), (14, 12), (11, 12), (5, 11), (6, 12), (5, 6), (5, 7), (6, 8),
+                  (7, 9), (8, 10), (1, 2), (0, 1), (0, 2), (1, 3), (2, 4), (3, 5), (4, 6))
+_SEEN = 0.5  # a keypoint's visibility from which it is drawn, as Ultralytics draws them
+
+
+def _draw_keypoints(out: np.ndarray, points: np.ndarray) -> None:
+    """One box's (K, D) keypoints as dots, those seen (visibility >= 0.5, or any without one), and
+    COCO's skeleton between seen ones when there are 17."""
+    seen = points[:, 2] >= _SEEN if points.shape[1] == 3 else np.ones(len(points), bool)
+    at = [(int(round(x)), int(round(y))) for x, y in points[:, :2]]
+    if len(points) == 17:
+        for a, b in _COCO_SKELETON:
+            if seen[a] and seen[b]:
+                cv2.line(out, at[a], at[b], (255, 128, 0), 2, cv2.LINE_AA)
+    for (x, y), ok in zip(at, seen):
+        if ok:
+            cv2.circle(out, (x, y), 3, (0, 255, 255), -1, cv2.LINE_AA)

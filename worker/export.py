@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: str = "detect",
          outbox: Path | None = None, rle: bool = False) -> dict[str, Any]:
     """{images, categories, annotations} for the done results of one `task` (detect or segment) matching
-    `filters`; an instance segmenter's boxes each with its mask's segmentation and area.
+    `filters`; an instance segmenter's boxes each with its mask's segmentation and area, a pose model's
+    with its keypoints.
 
     Category ids are the model's 0-based class ids; `categories` (the card's labels) names them, else the
     names seen in the results are used. bbox is [x, y, width, height] in pixels. A segmenter's annotations
@@ -33,6 +34,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     images: list[dict[str, Any]] = []
     annotations: list[dict[str, Any]] = []
     seen: dict[int, str] = {}  # class id -> name, as the results name it
+    keypoints = 0  # a pose model's points per box
     multi_class = False
     # a multi-page file's pages (pipeline.pages: all) are images of their own: its first keeps the row's
     # id, the others get ids past every row's, and each says its page
@@ -64,6 +66,9 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
                        "area": round((x2 - x1) * (y2 - y1), 2), "score": box["score"], "iscrowd": 0}
                 if instances is not None:
                     ann.update(_instance_shape(instances, k + 1, box["xyxy"], rle))
+                if "keypoints" in box:
+                    ann.update(_keypoints(box["keypoints"]))
+                    keypoints = max(keypoints, len(box["keypoints"]))
                 annotations.append(ann)
             continue
         multi_class = multi_class or "classes" in doc
@@ -89,8 +94,22 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     if multi_class:
         names.pop(0, None)
     what = "detections" if task == "detect" else "segmentation regions"
+    # a pose model's categories name their points, by number (the card does not name them)
+    points = {"keypoints": [str(i + 1) for i in range(keypoints)]} if keypoints else {}
     return {"info": {"description": f"worker {what}"}, "images": images,
-            "categories": [{"id": i, "name": n} for i, n in sorted(names.items())], "annotations": annotations}
+            "categories": [{"id": i, "name": n, **points} for i, n in sorted(names.items())],
+            "annotations": annotations}
+
+
+def _keypoints(points: list[list[float]]) -> dict[str, Any]:
+    """A box's keypoints ([x, y] or [x, y, visibility] each) as COCO's: [x, y, v, ...] with v = 2 (seen)
+    where the visibility is 0.5 or more, or there is none, else 1 (placed, not seen); num_keypoints
+    those placed; and each point's visibility as the model gave it (`keypoint_scores`)."""
+    flat: list[float] = []
+    for x, y, *rest in points:
+        flat += [x, y, 2 if not rest or rest[0] >= 0.5 else 1]
+    return {"keypoints": flat, "num_keypoints": len(points),
+            **({"keypoint_scores": [p[2] for p in points]} if points and len(points[0]) == 3 else {})}
 
 
 def _size(doc: dict[str, Any]) -> tuple[int, int]:

@@ -119,6 +119,8 @@ class Detections:
     scores: (N,) float32. names: N names. image_size: (W, H) of the original image.
     instances: an instance segmenter's masks, or None: (H, W) uint16, k + 1 where box k's mask is, 0
     elsewhere (where masks overlap, the better box's).
+    keypoints: a pose model's, or None: (N, K, D) float32, each box's K points, x and y in original image
+    pixels and, with D = 3, visibility 0-1.
     """
 
     xyxy: np.ndarray
@@ -127,6 +129,7 @@ class Detections:
     names: tuple[str, ...]
     image_size: tuple[int, int]
     instances: np.ndarray | None = None
+    keypoints: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -137,6 +140,9 @@ class Detections:
         if self.instances is not None and (self.instances.shape != (h, w) or self.instances.dtype != np.uint16):
             raise ValueError(f"Detections.instances must be a ({h}, {w}) uint16 array, got "
                              f"{self.instances.dtype} {self.instances.shape}")
+        kp = self.keypoints
+        if kp is not None and (kp.ndim != 3 or kp.shape[0] != n or kp.shape[2] not in (2, 3) or kp.dtype != np.float32):
+            raise ValueError(f"Detections.keypoints must be a ({n}, K, 2 or 3) float32 array, got {kp.dtype} {kp.shape}")
 
     def summary(self) -> dict[str, Any]:
         boxes = [{"class_id": int(c), "name": n, "score": round(float(s), 6), "xyxy": [round(float(v), 2) for v in b]}
@@ -145,6 +151,10 @@ class Detections:
             pixels = np.bincount(self.instances.ravel(), minlength=len(boxes) + 1)
             for k, box in enumerate(boxes):
                 box["mask_pixels"] = int(pixels[k + 1])
+        if self.keypoints is not None:  # each box's points: [x, y] or [x, y, visibility]
+            for box, points in zip(boxes, self.keypoints):
+                box["keypoints"] = [[round(float(x), 2), round(float(y), 2), *[round(float(v), 4) for v in rest]]
+                                    for x, y, *rest in points]
         return {"boxes": boxes}
 
 

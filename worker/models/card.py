@@ -116,6 +116,9 @@ class Postprocess:
     # detect, yolov5 or yolov8: an instance segmenter's prototype masks (N, M, h, w), the output a
     # YOLOv8-seg export calls output1; each box's rows then end in its M mask coefficients
     masks: str = ""
+    # detect, yolov5, yolov8 or end2end: a pose model's keypoints, [K, D] (Ultralytics' kpt_shape: K
+    # points of x, y and, with D = 3, visibility 0-1); each box's row then ends in its K x D values
+    keypoints: tuple[int, ...] = ()
     # what turns the output into probabilities: classify applies softmax unless told otherwise (`none`
     # for a model that ends in Softmax); segment takes the output as probabilities unless told
     # (`sigmoid` for a one-map model that outputs logits; `softmax` over the classes of a multi-class one)
@@ -311,6 +314,14 @@ def load_card(path: Path) -> ModelCard:
     if card.postprocess.masks and card.postprocess.masks == card.postprocess.output:
         raise ConfigError(f"{path}: 'postprocess.masks' names the prototype masks, a second output; "
                           f"'postprocess.output' the boxes' rows (output0)")
+    kp = card.postprocess.keypoints
+    if kp and (len(kp) != 2 or kp[0] < 1 or kp[1] not in (2, 3)):
+        raise ConfigError(f"{path}: 'postprocess.keypoints' is [K, D]: K points of x, y (D = 2) or x, y and "
+                          f"visibility (D = 3), as a YOLOv8-pose export's kpt_shape [17, 3]; got {list(kp)}")
+    if kp and (card.task != "detect" or card.postprocess.layout not in ("yolov5", "yolov8", "end2end")
+               or card.postprocess.masks or card.postprocess.outputs):
+        raise ConfigError(f"{path}: 'postprocess.keypoints' is a pose model's, for a detector's layout yolov5, "
+                          f"yolov8 or end2end of one output, without 'masks'")
     if card.input.sizes and card.input.sizes == card.input.name:
         raise ConfigError(f"{path}: 'input.sizes' names the image input '{card.input.name}'; it names the "
                           f"model's second input, the one that takes image sizes")

@@ -42,6 +42,12 @@ def decode_rows(output: np.ndarray, layout: str, classes: int = 0, input_hw: tup
     return xyxy, class_ids.astype(np.int64), scores.astype(np.float32)
 
 
+def _end2end_rows(output: np.ndarray, keypoint_values: int) -> np.ndarray:
+    """An end2end output with each row's keypoints as (K, 6 + K x D), [6 + K x D, K] transposed."""
+    n = 6 + keypoint_values
+    return output.T if output.shape[0] == n and output.shape[1] != n else output
+
+
 def _as_xyxy(boxes: np.ndarray, box_format: str) -> np.ndarray:
     """(K, 4) boxes as xyxy, yxyx or cxcywh -> (K, 4) x1, y1, x2, y2."""
     if box_format == "yxyx":
@@ -94,48 +100,83 @@ class Detector(CardPreprocessing):
     def check_output(self, output: ModelOutput, others: OtherOutputs = ()) -> None:
         layout = self.card.postprocess.layout
         output, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
+        kd = self._keypoint_values()
+        points = f", then K x D = {kd} keypoint values (postprocess.keypoints)" if kd else ""
         if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
-            if output.ndim != 2 or 6 not in output.shape:
-                raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as [K, 6] "
-                                 f"(x1, y1, x2, y2, score, class); output '{self.card.postprocess.named}' is "
-                                 f"{list(output.shape)}")
+            if output.ndim != 2 or 6 + kd not in output.shape:
+                raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as "
+                                 f"[K, {6 + kd}] (x1, y1, x2, y2, score, class{points}); output "
+                                 f"'{self.card.postprocess.named}' is {list(output.shape)}")
+            if kd:
+                self._check_visibility(_end2end_rows(output, kd)[:, 6:])
             return
         per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
-        m = len(protos) if protos is not None else 0  # and after them, an instance segmenter's coefficients
-        axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, self._values(m)) else 1
-        if output.ndim != 2 or output.shape[axis] <= per_row + m:
+        # and after them, an instance segmenter's mask coefficients or a pose model's keypoints
+        m = len(protos) if protos is not None else 0
+        extra = m + kd
+        axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, self._values(extra)) else 1
+        if output.ndim != 2 or output.shape[axis] <= per_row + extra:
             want = {"yolov8": "[4+C, A] (or [A, 4+C])", "detr": "[Q, 4+C] (or [4+C, Q])"}.get(layout, "[A, 5+C]")
-            want = want.replace("C]", "C+M]").replace("C, ", "C+M, ") if m else want
-            masks = f", M = {m} mask coefficients for output '{self.card.postprocess.masks}'" if m else ""
+            more = "+M" if m else f"+{kd}" if kd else ""
+            want = want.replace("C]", f"C{more}]").replace("C, ", f"C{more}, ")
+            masks = f", M = {m} mask coefficients for output '{self.card.postprocess.masks}'" if m else points
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}{masks}; "
                              f"output '{self.card.postprocess.named}' is {list(output.shape)}")
-        if protos is None and layout in ("yolov5", "yolov8") and \
+        rows = output if axis == 1 else output.T
+        if protos is None and not kd and layout in ("yolov5", "yolov8") and \
                 (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
             raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
                              f"{tuple(output.shape)} holds {per_row} box values, {said}")
-        if said := self._not_scores(output if axis == 1 else output.T, per_row, m):
+        if said := self._not_scores(rows, per_row, extra):
             raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
                              f"{tuple(output.shape)} holds {per_row} box values, then {said}")
-        check_labels(self.card, output.shape[axis] - per_row - m, output)
+        if kd:
+            self._check_visibility(rows[:, rows.shape[1] - kd:])
+        check_labels(self.card, output.shape[axis] - per_row - extra, output)
+
+    def _keypoint_values(self) -> int:
+        """K x D: the values each row ends in for a pose model's keypoints; 0 for other detectors."""
+        kp = self.card.postprocess.keypoints
+        return kp[0] * kp[1] if kp else 0
+
+    def _check_visibility(self, values: np.ndarray) -> None:
+        """A pose model's keypoint values (A, K x D) from the warm-up: with D = 3 every third is a
+        visibility 0-1 (Ultralytics' export applies its sigmoid). A [K, 3] card on a [K', 2] model reads
+        coordinates there: refused, or every point would get a visibility of hundreds."""
+        k, d = self.card.postprocess.keypoints
+        if d != 3 or not values.size:
+            return
+        top = float(values.reshape(len(values), k, d)[:, :, 2].max())
+        if top > 1.01:
+            raise ModelError(f"model '{self.card.name}': postprocess.keypoints [{k}, 3] reads every third keypoint "
+                             f"value as a visibility (0 to 1), but output '{self.card.postprocess.named}' gives up "
+                             f"to {top:.4g} there: its keypoints are not [{k}, 3] (the model's kpt_shape, in its "
+                             f"metadata, says what they are)")
 
     def _not_scores(self, rows: np.ndarray, per_row: int, m: int) -> str | None:
         """What the values a layout reads as scores (0 to 1: every YOLO and DETR export applies its
         sigmoid) hold instead, from `rows` (A, values) of the warm-up's output; None when they are
-        scores. A pose model's keypoints (pixels) would be read as classes: boxes of nonsense."""
+        scores. A pose model's keypoints (pixels) read as classes would give boxes of nonsense."""
         first = per_row - 1 if self.card.postprocess.layout == "yolov5" else per_row  # an objectness too
         scores = rows[:, first:rows.shape[1] - m]
         if not scores.size or float(scores.max()) <= 1.01:  # float16 rounding aside
             return None
         top, labels, values = float(scores.max()), len(self.card.labels), rows.shape[1] - per_row - m
+        kp = self.card.postprocess.keypoints
+        if labels and values > labels and float(rows[:, per_row:per_row + labels].max()) <= 1.01 and kp:
+            more = values - labels
+            return (f"the card's {labels} class score{'s' if labels > 1 else ''} and {more} more "
+                    f"value{'s' if more > 1 else ''} up to {top:.4g}, before the {kp[0] * kp[1]} that postprocess.keypoints {list(kp)} reads: the "
+                    f"card's keypoints are not the model's (its kpt_shape, in its metadata, says what they are)")
         if labels and values > labels and float(rows[:, per_row:per_row + labels].max()) <= 1.01:
             more = values - labels
-            keypoints = f"{more // 3} keypoints of x, y and visibility, as" if more % 3 == 0 else "keypoints, as"
+            shape = f"[{more // 3}, 3]" if more % 3 == 0 else f"[{more // 2}, 2]" if more % 2 == 0 else "[K, D]"
             return (f"the card's {labels} class score{'s' if labels > 1 else ''} and {more} more values up to "
-                    f"{top:.4g} ({keypoints} a pose model such as YOLOv8-pose gives them): pose models are not "
-                    f"supported")
+                    f"{top:.4g}: keypoints, as a pose model such as YOLOv8-pose gives them? Name their shape in "
+                    f"the card (the model's kpt_shape), postprocess.keypoints: {shape}")
         return (f"values up to {top:.4g} where class scores (0 to 1) should be: not a detector's rows as layout "
-                f"{self.card.postprocess.layout} reads them (a pose model's keypoints, which the worker does not "
-                f"read, or scores before their sigmoid)")
+                f"{self.card.postprocess.layout} reads them (a pose model's keypoints? postprocess.keypoints: "
+                f"[K, D] names them; or scores before their sigmoid)")
 
     def _values(self, coefficients: int) -> int:
         """What a row holds after its box, as `_anchors_last` counts it: the card's classes and any mask
@@ -159,12 +200,15 @@ class Detector(CardPreprocessing):
     def postprocess(self, output: ModelOutput, geometry: Geometry) -> Detections:
         p = self.card.postprocess
         rows, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
-        coefficients = np.zeros((0, 0), np.float32)
-        if protos is not None:  # each row ends in its mask's coefficients: split them off
-            m = len(protos)
-            if p.layout == "yolov8" and _anchors_last(rows, self._values(m)):
+        kd = self._keypoint_values()
+        extra = len(protos) if protos is not None else kd
+        tail = np.zeros((0, 0), np.float32)  # each row's mask coefficients or keypoints: split off its end
+        if extra:
+            if p.layout == "yolov8" and _anchors_last(rows, self._values(extra)):
                 rows = rows.T
-            rows, coefficients = rows[:, :-m], rows[:, -m:]
+            elif p.layout == "end2end":
+                rows = _end2end_rows(rows, kd)
+            rows, tail = rows[:, :-extra], rows[:, -extra:]
         xyxy, class_ids, scores = decode_rows(rows, p.layout, len(self.card.labels), self.size, p.box_format,
                                               p.box_units)
         sel = scores >= p.threshold
@@ -178,12 +222,28 @@ class Detector(CardPreprocessing):
         xyxy = xyxy.copy()
         xyxy[:, [0, 2]] = np.clip((xyxy[:, [0, 2]] - geometry.left) / geometry.scale_x, 0, w)
         xyxy[:, [1, 3]] = np.clip((xyxy[:, [1, 3]] - geometry.top) / geometry.scale_y, 0, h)
-        instances = None
+        instances = keypoints = None
         if protos is not None:
-            instances = instance_masks(coefficients[sel][keep], protos, xyxy, geometry, self.size)
+            instances = instance_masks(tail[sel][keep], protos, xyxy, geometry, self.size)
+        elif kd:
+            keypoints = self._keypoints(tail[sel][keep], geometry)
         return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=scores,
                           names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h),
-                          instances=instances)
+                          instances=instances, keypoints=keypoints)
+
+    def _keypoints(self, values: np.ndarray, geometry: Geometry) -> np.ndarray:
+        """(N, K x D) keypoint values of the kept boxes, in input pixels (or fractions of the input, as an
+        end2end card's box_units says) -> (N, K, D) float32 in original pixels, clipped to the image as
+        Ultralytics clips them; a visibility as it is."""
+        k, d = self.card.postprocess.keypoints
+        points = values.reshape(len(values), k, d).astype(np.float32)  # a copy: the output stays as it was
+        if self.card.postprocess.box_units == "fractions":
+            points[:, :, 0] *= self.size[1]
+            points[:, :, 1] *= self.size[0]
+        h, w = geometry.orig_hw
+        points[:, :, 0] = np.clip((points[:, :, 0] - geometry.left) / geometry.scale_x, 0, w)
+        points[:, :, 1] = np.clip((points[:, :, 1] - geometry.top) / geometry.scale_y, 0, h)
+        return points
 
 
 def instance_masks(coefficients: np.ndarray, protos: np.ndarray, xyxy: np.ndarray, geometry: Geometry,

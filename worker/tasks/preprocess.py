@@ -95,7 +95,9 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
         left, top = (tw - nw) // 2, (th - nh) // 2
         resized = np.full((th, tw, 3), spec.pad_value, dtype=image.dtype)  # uint16 at depth 16, float32 at 32
         resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
-        geo = Geometry((h, w), s, s, left, top)
+        # each side's own scale, as resized (nh / h, not s: 213 rows for 400 where s gives 213.3), as
+        # Ultralytics maps its boxes back since 8.4 (scale_boxes); s was up to a pixel off at the far edge
+        geo = Geometry((h, w), nw / w, nh / h, left, top)
     return resized, geo
 
 
