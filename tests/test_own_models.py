@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import re
 from pathlib import Path
 
@@ -695,11 +696,11 @@ def test_an_instance_segmenter_under_a_detector_s_card_without_masks_is_refused_
         f"for each box's mask")
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
 
-def _pose_model(path: Path, rows: np.ndarray | None = None, gate: np.ndarray | None = None) -> None:
-    """(N, 3, 32, 48) -> output0 (N, values, anchors), as a YOLOv8-pose export gives its rows: 4 box values,
-    the class scores, then each keypoint's x, y (input pixels) and visibility (0-1); `rows` plus the
-    image's mean level (0-1) wherever `gate` is 1. By default 84 anchors of one class and 17 keypoints,
-    at random."""
+def _rows_model(path: Path, rows: np.ndarray | None = None, gate: np.ndarray | None = None) -> None:
+    """(N, 3, 32, 48) -> output0 (N, values, anchors), as a YOLOv8 export gives its rows: 4 box values, the
+    class scores, then what the model adds (a pose model's keypoints: x, y in input pixels, visibility
+    0-1; an oriented box's angle); `rows` plus the image's mean level (0-1) wherever `gate` is 1. By
+    default a pose model's: 84 anchors of one class and 17 keypoints, at random."""
     if rows is None:
         rng = np.random.default_rng(0)
         rows = np.concatenate([rng.uniform(4, 28, (4, 84)), rng.uniform(0, 1, (1, 84)),
@@ -714,12 +715,13 @@ def _pose_model(path: Path, rows: np.ndarray | None = None, gate: np.ndarray | N
 
 
 @pytest.mark.parametrize("labels, said", [
-    ("[person]", "holds 4 box values, then the card's 1 class score and 51 more values up to 4\\d\\.\\d+: keypoints, "
+    ("[person]", "holds 4 box values, then the card's 1 class score and 51 more values, from [\\d.]+ to 4\\d\\.\\d+: keypoints, "
                  "as a pose model such as YOLOv8-pose gives them\\? Name their shape in the card \\(the model's "
                  "kpt_shape\\), postprocess.keypoints: \\[17, 3\\]"),
-    ("[]", "holds 4 box values, then values up to 4\\d\\.\\d+ where class scores \\(0 to 1\\) should be: not a "
-           "detector's rows as layout yolov8 reads them \\(a pose model's keypoints\\? postprocess.keypoints: "
-           "\\[K, D\\] names them; or scores before their sigmoid\\)"),
+    ("[]", "holds 4 box values, then values from [\\d.]+ to 4\\d\\.\\d+ where class scores \\(0 to 1\\) should be: "
+           "not a detector's rows as layout yolov8 reads them \\(a pose model's keypoints\\? postprocess.keypoints: "
+           "\\[K, D\\] names them; an oriented box's angle\\? postprocess.obb: true; or scores before their "
+           "sigmoid\\)"),
 ])
 def test_a_pose_model_under_a_card_without_keypoints_is_refused_at_start_saying_what_to_add(
         own, labels: str, said: str) -> None:
@@ -731,7 +733,7 @@ def test_a_pose_model_under_a_card_without_keypoints_is_refused_at_start_saying_
                                         "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
                                         "std: [255, 255, 255]}\n"
                                         f"postprocess: {{output: output0, layout: yolov8}}\nlabels: {labels}")
-    _pose_model(folder / "pose.onnx")
+    _rows_model(folder / "pose.onnx")
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=rf"^model 'pose': output 'output0' \(56, 84\) {said}$"):
         run_folder(dataclasses.replace(cfg, model="pose"), images)
@@ -757,7 +759,7 @@ def test_a_pose_model_gives_each_box_its_keypoints(own) -> None:
                         *[[36, 24, 24, 16, 0.1, 40, 30, 1.0, 41, 30, 1.0, 42, 30, 1.0]] * 20], np.float32)
     gate = np.zeros_like(anchors)
     gate[0, 4] = 1.0
-    _pose_model(folder / "pose.onnx", anchors.T, gate.T)
+    _rows_model(folder / "pose.onnx", anchors.T, gate.T)
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: no padding
     cfg = dataclasses.replace(cfg, model="pose", outputs=dataclasses.replace(cfg.outputs, overlays=True,
                                                                               yolo_txt=True))
@@ -787,14 +789,73 @@ def test_a_pose_model_gives_each_box_its_keypoints(own) -> None:
 
     # a card whose [K, D] is not the model's: a point too few leaves its values over, where a class
     # score would be; two values a point read visibilities as coordinates, and the reverse
-    for shape, said in (("[2, 3]", r"the card's 1 class score and 3 more values up to 40, before the 6 that "
+    for shape, said in (("[2, 3]", r"the card's 1 class score and 3 more values, from 0.1 to 40, before the 6 that "
                                    r"postprocess.keypoints \[2, 3\] reads: the card's keypoints are not the model's"),
-                        ("[4, 2]", r"the card's 1 class score and 1 more value up to 40, before the 8 that "),
-                        ("[2, 2]", r"up to 41, before the 4 that postprocess.keypoints \[2, 2\] reads"),
-                        ("[1, 3]", r"up to 41, before the 3 that postprocess.keypoints \[1, 3\] reads")):
+                        ("[4, 2]", r"the card's 1 class score and 1 more value, from 0.1 to 40, before the 8 that "),
+                        ("[2, 2]", r"to 41, before the 4 that postprocess.keypoints \[2, 2\] reads"),
+                        ("[1, 3]", r"to 41, before the 3 that postprocess.keypoints \[1, 3\] reads")):
         (folder / "model.yaml").write_text(f"name: pose\nonnx: pose.onnx\n{body.replace('[3, 3]', shape)}\n")
         with pytest.raises(ModelError, match=said):
             run_folder(cfg, images)
+
+
+def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own) -> None:
+    """A YOLOv8-obb export under a card with `obb: true`: each box its centre, sides and angle in the
+    original's pixels (twice the input here), its corners, and its bounding box as `xyxy`; the overlay
+    draws it as it lies, `<rel>.txt` has Ultralytics' corner line, COCO its outline as segmentation. A
+    plain detector's card on it is refused, and so is `obb` on a model whose last value is no angle."""
+    cfg, models, images = own
+    body = ("task: detect\ninput: {name: images, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
+            "mean: [0, 0, 0], std: [255, 255, 255]}\npostprocess: {output: output0, layout: yolov8, threshold: 0.5, "
+            "obb: true}\nlabels: [part]")
+    folder = _card_file(models, "obb", body)
+    # anchor 0: a 20x8 box at the input's centre turned by pi/6, scored by the image's level; the others
+    # a box at 0.1, under the threshold
+    anchors = np.array([[24, 16, 20, 8, 0.0, math.pi / 6], *[[10, 10, 8, 8, 0.1, -0.5]] * 20], np.float32)
+    gate = np.zeros_like(anchors)
+    gate[0, 4] = 1.0
+    _rows_model(folder / "obb.onnx", anchors.T, gate.T)
+    cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))
+    cfg = dataclasses.replace(cfg, model="obb", outputs=dataclasses.replace(cfg.outputs, overlays=True, yolo_txt=True))
+    assert run_folder(cfg, images).figures["done"] == 1
+
+    (box,) = json.loads((cfg.outbox / "white.png.json").read_text())["boxes"]
+    c, s = math.cos(math.pi / 6), math.sin(math.pi / 6)
+    corners = [[48 + sx * 20 * c - sy * 8 * s, 32 + sx * 20 * s + sy * 8 * c] for sx, sy in
+               ((1, 1), (1, -1), (-1, -1), (-1, 1))]  # half sides 20 along the angle, 8 across it
+    assert box["xywhr"] == [48.0, 32.0, 40.0, 16.0, round(math.pi / 6, 6)]
+    assert np.allclose(box["corners"], corners, atol=0.01)
+    assert np.allclose(box["xyxy"], [min(x for x, _ in corners), min(y for _, y in corners),
+                                     max(x for x, _ in corners), max(y for _, y in corners)], atol=0.01)
+    (line,) = (cfg.outbox / "white.png.txt").read_text().splitlines()
+    values = [float(v) for v in line.split()]
+    assert values[0] == 0 and values[-1] == 1.0
+    assert np.allclose(np.reshape(values[1:-1], (4, 2)) * (96, 64), corners, atol=1e-3)
+    overlay = cv2.imread(str(cfg.outbox / "white.png.overlay.jpg")).astype(int)
+    on_edge = np.rint(np.mean(corners[:2], axis=0)).astype(int)  # the middle of its first side
+    assert np.abs(overlay[on_edge[1], on_edge[0]] - 255).max() > 60
+    assert np.abs(overlay[int(corners[0][1]) - 1, int(box["xyxy"][0]) + 1] - 255).max() < 30  # not its bounding box
+
+    db = open_db(cfg.db)
+    try:
+        (ann,) = coco(db, Filters(model="obb"), ("part",), "detect", cfg.outbox)["annotations"]
+    finally:
+        db.dispose()
+    assert np.allclose(np.reshape(ann["segmentation"], (4, 2)), corners, atol=0.01)
+    assert ann["area"] == 640.0 and ann["xywhr"] == box["xywhr"]
+
+    # the same model under a plain detector's card: its angle read as a class score
+    (folder / "model.yaml").write_text(f"name: obb\nonnx: obb.onnx\n{body.replace(', obb: true', '')}\n")
+    with pytest.raises(ModelError, match=r"the card's 1 class score and 1 more value, from -0.5 to 0.5236: an oriented "
+                                         r"box's angle, as YOLOv8-obb gives it\? postprocess.obb: true reads it"):
+        run_folder(cfg, images)
+    anchors[1:, 5] = 3.0  # no angle: past 3pi/4
+    _rows_model(folder / "obb.onnx", anchors.T, gate.T)
+    (folder / "model.yaml").write_text(f"name: obb\nonnx: obb.onnx\n{body}\n")
+    with pytest.raises(ModelError, match=r"postprocess.obb reads each row's last value as its box's angle, -pi/4 to "
+                                         r"3pi/4 radians as YOLOv8-obb gives it, but output 'output0' gives 0.5236 to "
+                                         r"3 there"):
+        run_folder(cfg, images)
 
 
 def _quadrant_segmenter(path: Path, layout: str) -> None:

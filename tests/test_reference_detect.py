@@ -288,3 +288,36 @@ def test_pose_boxes_and_keypoints_match_ultralytics_own(tmp_path: Path) -> None:
     assert result.keypoints is not None and result.keypoints.shape == (len(order), 17, 3)
     assert np.abs(result.keypoints - golden["keypoints"][order]).max() < 1e-3
     assert result.keypoints[:, :, 0].max() == w and result.keypoints[:, :, 1].min() == 0  # clipped, as theirs
+
+
+def test_oriented_boxes_match_ultralytics_own(tmp_path: Path) -> None:
+    """A YOLOv8-obb output's oriented boxes for a 427x640 photo letterboxed into a 320x320 input, against
+    what Ultralytics' own OBBPredictor postprocessing made of the same numbers
+    (tests/make_ultralytics_obb.py, Ultralytics 8.4.190): its fast NMS on the boxes' probabilistic IoU,
+    then centre and sides back to the photo, the angle as it was; their corners in its order."""
+    from worker.models.card import load_card
+    from worker.tasks import adapter_for
+    from worker.tasks.preprocess import resize_for
+
+    golden = np.load(ROOT / "tests" / "data" / "ultralytics_obb.npz")
+    (tmp_path / "model.yaml").write_text(
+        "name: obb\ntask: detect\nonnx: obb.onnx\ninput: {name: images, size: [320, 320]}\n"
+        "preprocess: {color: rgb, resize: letterbox, pad_value: 114, mean: [0, 0, 0], std: [255, 255, 255]}\n"
+        "postprocess: {output: output0, layout: yolov8, threshold: 0.25, iou: 0.45, obb: true}\nlabels: [a, b]\n")
+    card = load_card(tmp_path / "model.yaml")
+    detector = adapter_for(card)
+    h, w = (int(v) for v in golden["shape"])
+    _, geometry = resize_for(np.zeros((h, w, 3), np.uint8), card.preprocess, (320, 320))
+    detector.check_output(golden["raw"])
+    result = detector.postprocess(golden["raw"], geometry)
+    assert len(result.scores) == len(golden["conf"]) > 200
+    order = np.argsort(-golden["conf"], kind="stable")
+    assert np.array_equal(result.class_ids, golden["cls"][order].astype(np.int64))
+    assert np.allclose(result.scores, golden["conf"][order], atol=1e-6)
+    assert result.rotated is not None and np.abs(result.rotated - golden["xywhr"][order]).max() < 1e-3
+    from worker.results import rotated_corners
+    assert np.abs(rotated_corners(result.rotated) - golden["corners"][order]).max() < 1e-3
+    # the bounding boxes of the corners, clipped to the photo
+    corners = golden["corners"][order]
+    expected = np.clip(np.concatenate([corners.min(1), corners.max(1)], 1), 0, [w, h, w, h])
+    assert np.abs(result.xyxy - expected).max() < 1e-3

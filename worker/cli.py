@@ -799,14 +799,14 @@ def models_check(ctx: click.Context, name: str) -> None:
     click.echo(f"  runs on {', '.join(m.engine.providers)}, batches of up to {m.max_batch}")
     for kind, items in (("input", session.get_inputs()), ("output", session.get_outputs())):
         for port in items:
-            use = _model_io_use(m.engine, port.name, m.card.postprocess.keypoints)
+            use = _model_io_use(m.engine, port.name, m.card.postprocess.keypoints, m.card.postprocess.obb)
             click.echo(f"  {kind:6s} {port.name} {port.type} {list(port.shape)}{use}")
     click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
 
 
-def _model_io_use(engine: Engine, name: str, keypoints: tuple[int, ...] = ()) -> str:
+def _model_io_use(engine: Engine, name: str, keypoints: tuple[int, ...] = (), obb: bool = False) -> str:
     """What the worker does with one of the model's inputs or outputs, for `models check` (`keypoints`:
-    a pose model's [K, D], which its rows end in)."""
+    a pose model's [K, D], which its rows end in; `obb`: rows ending in their box's angle)."""
     outs = engine.output_names
     if name == engine.input_name:
         return f": the image, {engine.layout.upper()}"
@@ -815,6 +815,8 @@ def _model_io_use(engine: Engine, name: str, keypoints: tuple[int, ...] = ()) ->
     if name == engine.masks:
         return ": read, each box's mask from these prototype masks"
     joined = [o for o in outs if o != engine.masks]
+    if name in joined and obb:
+        return ": read, each box's row ending in its angle (oriented boxes)"
     if name in joined and keypoints:
         points = "x, y and visibility" if keypoints[1] == 3 else "x and y"
         return f": read, each box's row ending in its {keypoints[0]} keypoints of {points}"

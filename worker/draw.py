@@ -9,7 +9,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from worker.results import ClassMask, Classification, Detections, Mask, Result
+from worker.results import ClassMask, Classification, Detections, Mask, Result, rotated_corners
 
 _COLORS = np.array([(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207),
                     (10, 249, 72), (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0)], np.uint8)
@@ -41,9 +41,14 @@ def overlay(image: np.ndarray, result: Result) -> np.ndarray:
             palette = np.zeros((len(result.names) + 1, 3), np.uint8)
             palette[1:] = _COLORS[result.class_ids % len(_COLORS)]
             out = cv2.addWeighted(out, 1.0, palette[result.instances], 0.5, 0)
-        for (x1, y1, x2, y2), c, s, n in zip(result.xyxy, result.class_ids, result.scores, result.names):
+        corners = rotated_corners(result.rotated) if result.rotated is not None else None
+        for k, ((x1, y1, x2, y2), c, s, n) in enumerate(zip(result.xyxy, result.class_ids, result.scores,
+                                                             result.names)):
             color = tuple(int(v) for v in _COLORS[int(c) % len(_COLORS)])
-            cv2.rectangle(out, (int(x1), int(y1)), (int(x2), int(y2)), color, 2)
+            if corners is not None:  # an oriented box as it lies
+                cv2.polylines(out, [np.rint(corners[k]).astype(np.int32)], True, color, 2, cv2.LINE_AA)
+            else:
+                cv2.rectangle(out, (int(x1), int(y1)), (int(x2), int(y2)), color, 2)
             cv2.putText(out, f"{n} {s:.2f}", (int(x1), max(int(y1) - 4, 12)), cv2.FONT_HERSHEY_SIMPLEX, 0.5,
                         color, 1, cv2.LINE_AA)
         if result.keypoints is not None:

@@ -22,7 +22,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
          outbox: Path | None = None, rle: bool = False) -> dict[str, Any]:
     """{images, categories, annotations} for the done results of one `task` (detect or segment) matching
     `filters`; an instance segmenter's boxes each with its mask's segmentation and area, a pose model's
-    with its keypoints.
+    with its keypoints, an oriented box with its corners as its segmentation (and its `xywhr`).
 
     Category ids are the model's 0-based class ids; `categories` (the card's labels) names them, else the
     names seen in the results are used. bbox is [x, y, width, height] in pixels. A segmenter's annotations
@@ -66,6 +66,10 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
                        "area": round((x2 - x1) * (y2 - y1), 2), "score": box["score"], "iscrowd": 0}
                 if instances is not None:
                     ann.update(_instance_shape(instances, k + 1, box["xyxy"], rle))
+                if "corners" in box:  # an oriented box: its outline, and the area within it
+                    bw, bh = box["xywhr"][2:4]
+                    ann.update(segmentation=[[v for corner in box["corners"] for v in corner]],
+                               area=round(bw * bh, 2), xywhr=box["xywhr"])
                 if "keypoints" in box:
                     ann.update(_keypoints(box["keypoints"]))
                     keypoints = max(keypoints, len(box["keypoints"]))

@@ -121,6 +121,8 @@ class Detections:
     elsewhere (where masks overlap, the better box's).
     keypoints: a pose model's, or None: (N, K, D) float32, each box's K points, x and y in original image
     pixels and, with D = 3, visibility 0-1.
+    rotated: an oriented-box detector's boxes, or None: (N, 5) float32 cx, cy, w, h in original pixels and
+    the angle in radians (w along it); `xyxy` is then each one's bounding box, clipped to the image.
     """
 
     xyxy: np.ndarray
@@ -130,6 +132,7 @@ class Detections:
     image_size: tuple[int, int]
     instances: np.ndarray | None = None
     keypoints: np.ndarray | None = None
+    rotated: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -143,6 +146,9 @@ class Detections:
         kp = self.keypoints
         if kp is not None and (kp.ndim != 3 or kp.shape[0] != n or kp.shape[2] not in (2, 3) or kp.dtype != np.float32):
             raise ValueError(f"Detections.keypoints must be a ({n}, K, 2 or 3) float32 array, got {kp.dtype} {kp.shape}")
+        if self.rotated is not None and (self.rotated.shape != (n, 5) or self.rotated.dtype != np.float32):
+            raise ValueError(f"Detections.rotated must be a ({n}, 5) float32 array, got {self.rotated.dtype} "
+                             f"{self.rotated.shape}")
 
     def summary(self) -> dict[str, Any]:
         boxes = [{"class_id": int(c), "name": n, "score": round(float(s), 6), "xyxy": [round(float(v), 2) for v in b]}
@@ -151,6 +157,10 @@ class Detections:
             pixels = np.bincount(self.instances.ravel(), minlength=len(boxes) + 1)
             for k, box in enumerate(boxes):
                 box["mask_pixels"] = int(pixels[k + 1])
+        if self.rotated is not None:  # each oriented box as it is, and its corners
+            for box, r, corners in zip(boxes, self.rotated, rotated_corners(self.rotated)):
+                box["xywhr"] = [round(float(v), 2) for v in r[:4]] + [round(float(r[4]), 6)]
+                box["corners"] = [[round(float(x), 2), round(float(y), 2)] for x, y in corners]
         if self.keypoints is not None:  # each box's points: [x, y] or [x, y, visibility]
             for box, points in zip(boxes, self.keypoints):
                 box["keypoints"] = [[round(float(x), 2), round(float(y), 2), *[round(float(v), 4) for v in rest]]
@@ -159,6 +169,16 @@ class Detections:
 
 
 Result = Union[Mask, ClassMask, Classification, Detections]
+
+
+def rotated_corners(xywhr: np.ndarray) -> np.ndarray:
+    """(N, 5) cx, cy, w, h, angle -> (N, 4, 2) the corners, in Ultralytics' order (xywhr2xyxyxyxy)."""
+    c, s = np.cos(xywhr[:, 4:5]), np.sin(xywhr[:, 4:5])
+    along = np.concatenate([xywhr[:, 2:3] / 2 * c, xywhr[:, 2:3] / 2 * s], axis=1)  # half w, along the angle
+    across = np.concatenate([-xywhr[:, 3:4] / 2 * s, xywhr[:, 3:4] / 2 * c], axis=1)  # half h, across it
+    centre = xywhr[:, :2]
+    return np.stack([centre + along + across, centre + along - across, centre - along - across,
+                     centre - along + across], axis=1)
 
 
 def region_dicts(regions: np.ndarray) -> list[dict[str, Any]]:

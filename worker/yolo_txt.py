@@ -1,5 +1,5 @@
 """Ultralytics' text format of a detector's result (opt-in, `outputs.yolo_txt`): one line per box, its
-box (and a pose model's keypoints), or for an instance segmenter its mask's outline, normalised to the
+box (a pose model's keypoints after it; an oriented box's corners), or for an instance segmenter its mask's outline, normalised to the
 image size, score last.
 
 Results never write themselves; this module makes the text, and only the outbox writes it.
@@ -10,14 +10,14 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from worker.results import Detections
+from worker.results import Detections, rotated_corners
 
 
 def yolo_txt(result: Detections) -> str:
     """One line per box, as Ultralytics' `save_txt(save_conf=True)` writes a prediction.
 
     A detector's box: `class cx cy w h score`; a pose model's, each keypoint's `x y` or `x y visibility`
-    after the box. An instance segmenter's: `class x1 y1 x2 y2 ... score`,
+    after the box; an oriented box's, its corners `x1 y1 x2 y2 x3 y3 x4 y4`. An instance segmenter's: `class x1 y1 x2 y2 ... score`,
     the outline of the box's mask (its pixels in `result.instances`) through boundary pixels' centres,
     as `cv2.findContours` traces it; a mask of several parts is one outline joined by two-way seams, and
     a box whose mask has fewer than 3 outline points (none left, or a sliver) gets no line (a shorter
@@ -25,7 +25,9 @@ def yolo_txt(result: Detections) -> str:
     w, h = result.image_size
     lines = []
     for k, ((x1, y1, x2, y2), c, s) in enumerate(zip(result.xyxy, result.class_ids, result.scores)):
-        if result.instances is None:
+        if result.rotated is not None:  # Ultralytics' oriented box: its 4 corners
+            values = " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in rotated_corners(result.rotated[k:k + 1])[0])
+        elif result.instances is None:
             values = f"{(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}"
             if result.keypoints is not None:  # Ultralytics' pose line: each point's x, y (and visibility) after
                 values += "".join(f" {x / w:.6f} {y / h:.6f}" + "".join(f" {v:.6f}" for v in rest)

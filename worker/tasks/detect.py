@@ -3,15 +3,19 @@ YOLOv8-layout ([4+C, A], no objectness) rows and suppress them class by class, o
 model's own boxes ([K, 6]: x1, y1, x2, y2, score, class) or a DETR's one box per query ([Q, 4+C]: cx,
 cy, w, h as fractions of the input, class probabilities) as they are; then map the boxes back to the
 original image. An instance segmenter's rows (YOLOv8-seg, YOLOv5-seg) end in mask coefficients for its
-prototype masks: each kept box gets its mask (`instance_masks`)."""
+prototype masks: each kept box gets its mask (`instance_masks`); a pose model's in its keypoints, which
+follow their box; an oriented-box detector's (YOLOv8-obb) in its box's angle: those are suppressed by
+their probabilistic IoU (`rotated_nms`)."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from worker.errors import ModelError
 from worker.model_output import ModelOutput, Paired
-from worker.results import Detections
+from worker.results import Detections, rotated_corners
 from worker.tasks import OtherOutputs, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
@@ -87,6 +91,50 @@ def nms(xyxy: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
     return np.asarray(keep, dtype=np.int64)
 
 
+def probiou(a: np.ndarray, b: np.ndarray, eps: float = 1e-7) -> np.ndarray:
+    """(N, 5) and (M, 5) oriented boxes (cx, cy, w, h, angle) -> (N, M) their probabilistic IoU: 1 minus
+    the Hellinger distance of the boxes taken as Gaussians (arXiv 2106.06072), as Ultralytics'
+    batch_probiou computes it, whose NMS for oriented boxes this is."""
+    def covariance(r: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        w2, h2, cos, sin = r[:, 2] ** 2 / 12, r[:, 3] ** 2 / 12, np.cos(r[:, 4]), np.sin(r[:, 4])
+        return w2 * cos ** 2 + h2 * sin ** 2, w2 * sin ** 2 + h2 * cos ** 2, (w2 - h2) * cos * sin
+
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    a1, b1, c1 = (v[:, None] for v in covariance(a))
+    a2, b2, c2 = (v[None, :] for v in covariance(b))
+    dx, dy = a[:, None, 0] - b[None, :, 0], a[:, None, 1] - b[None, :, 1]
+    det = (a1 + a2) * (b1 + b2) - (c1 + c2) ** 2
+    t1 = ((a1 + a2) * dy ** 2 + (b1 + b2) * dx ** 2) / (det + eps) * 0.25
+    t2 = ((c1 + c2) * -dx * dy) / (det + eps) * 0.5
+    t3 = np.log(det / (4 * np.sqrt(np.clip(a1 * b1 - c1 ** 2, 0, None) * np.clip(a2 * b2 - c2 ** 2, 0, None)) + eps)
+                + eps) * 0.5
+    bd = np.clip(t1 + t2 + t3, eps, 100.0)
+    return 1 - np.sqrt(1.0 - np.exp(-bd) + eps)
+
+
+def rotated_nms(xywhr: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, iou: float,
+                chunk: int = 256) -> np.ndarray:
+    """Oriented boxes kept, best first, class by class, as Ultralytics suppresses them (its fast NMS):
+    a box goes when any better box of its class overlaps it by more than `iou` (probabilistic IoU),
+    whether or not that one was kept itself. Later boxes are taken `chunk` at a time, so that thousands
+    of candidates need no matrix of every pair at once."""
+    kept: list[np.ndarray] = []
+    for c in np.unique(class_ids):
+        idx = np.flatnonzero(class_ids == c)
+        idx = idx[np.argsort(-scores[idx], kind="stable")]
+        boxes, gone = xywhr[idx], np.zeros(len(idx), bool)
+        for start in range(1, len(idx), chunk):
+            later = boxes[start:start + chunk]
+            overlap = probiou(boxes[:start + len(later)], later)  # (better and these, these)
+            overlap[np.arange(start, start + len(later))[None, :] <= np.arange(start + len(later))[:, None]] = 0
+            gone[start:start + len(later)] = (overlap > iou).any(axis=0)
+        kept.append(idx[~gone])
+    if not kept:
+        return np.zeros(0, dtype=np.int64)
+    out = np.concatenate(kept)
+    return out[np.argsort(-scores[out], kind="stable")]
+
+
 def classwise_nms(xyxy: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, iou: float) -> np.ndarray:
     keep = [idx[nms(xyxy[idx], scores[idx], iou)] for c in np.unique(class_ids)
             for idx in [np.flatnonzero(class_ids == c)]]
@@ -111,13 +159,15 @@ class Detector(CardPreprocessing):
                 self._check_visibility(_end2end_rows(output, kd)[:, 6:])
             return
         per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
-        # and after them, an instance segmenter's mask coefficients or a pose model's keypoints
+        # and after them, an instance segmenter's mask coefficients, a pose model's keypoints or an
+        # oriented box's angle
         m = len(protos) if protos is not None else 0
-        extra = m + kd
+        extra = m + kd + int(self.card.postprocess.obb)
         axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, self._values(extra)) else 1
         if output.ndim != 2 or output.shape[axis] <= per_row + extra:
             want = {"yolov8": "[4+C, A] (or [A, 4+C])", "detr": "[Q, 4+C] (or [4+C, Q])"}.get(layout, "[A, 5+C]")
-            more = "+M" if m else f"+{kd}" if kd else ""
+            more = "+M" if m else f"+{kd}" if kd else "+1" if extra else ""
+            points = points or (", then the box's angle (postprocess.obb)" if extra else "")
             want = want.replace("C]", f"C{more}]").replace("C, ", f"C{more}, ")
             masks = f", M = {m} mask coefficients for output '{self.card.postprocess.masks}'" if m else points
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}{masks}; "
@@ -132,7 +182,19 @@ class Detector(CardPreprocessing):
                              f"{tuple(output.shape)} holds {per_row} box values, then {said}")
         if kd:
             self._check_visibility(rows[:, rows.shape[1] - kd:])
+        if self.card.postprocess.obb:
+            self._check_angles(rows[:, -1])
         check_labels(self.card, output.shape[axis] - per_row - extra, output)
+
+    def _check_angles(self, angles: np.ndarray) -> None:
+        """An oriented-box detector's angles from the warm-up: YOLOv8-obb gives (sigmoid - 0.25) x pi,
+        -pi/4 to 3pi/4. Anything else there (a class score past the labels, a plain detector's last
+        class) is not an angle."""
+        if angles.size and (float(angles.min()) < -math.pi / 4 - 0.01 or float(angles.max()) > 3 * math.pi / 4 + 0.01):
+            raise ModelError(f"model '{self.card.name}': postprocess.obb reads each row's last value as its box's "
+                             f"angle, -pi/4 to 3pi/4 radians as YOLOv8-obb gives it, but output "
+                             f"'{self.card.postprocess.named}' gives {float(angles.min()):.4g} to "
+                             f"{float(angles.max()):.4g} there: not an oriented-box model's rows")
 
     def _keypoint_values(self) -> int:
         """K x D: the values each row ends in for a pose model's keypoints; 0 for other detectors."""
@@ -153,30 +215,35 @@ class Detector(CardPreprocessing):
                              f"to {top:.4g} there: its keypoints are not [{k}, 3] (the model's kpt_shape, in its "
                              f"metadata, says what they are)")
 
-    def _not_scores(self, rows: np.ndarray, per_row: int, m: int) -> str | None:
+    def _not_scores(self, rows: np.ndarray, per_row: int, extra: int) -> str | None:
         """What the values a layout reads as scores (0 to 1: every YOLO and DETR export applies its
-        sigmoid) hold instead, from `rows` (A, values) of the warm-up's output; None when they are
-        scores. A pose model's keypoints (pixels) read as classes would give boxes of nonsense."""
+        sigmoid) hold instead, from `rows` (A, values) of the warm-up's output, whose last `extra` the
+        card reads otherwise; None when they are scores. A pose model's keypoints (pixels) or an oriented
+        box's angle read as classes would give boxes of nonsense."""
         first = per_row - 1 if self.card.postprocess.layout == "yolov5" else per_row  # an objectness too
-        scores = rows[:, first:rows.shape[1] - m]
-        if not scores.size or float(scores.max()) <= 1.01:  # float16 rounding aside
+        scores = rows[:, first:rows.shape[1] - extra]
+        if not scores.size or (float(scores.min()) >= -0.01 and float(scores.max()) <= 1.01):  # float16 aside
             return None
-        top, labels, values = float(scores.max()), len(self.card.labels), rows.shape[1] - per_row - m
-        kp = self.card.postprocess.keypoints
-        if labels and values > labels and float(rows[:, per_row:per_row + labels].max()) <= 1.01 and kp:
+        span = f"from {float(scores.min()):.4g} to {float(scores.max()):.4g}"
+        labels, values, kp = len(self.card.labels), rows.shape[1] - per_row - extra, self.card.postprocess.keypoints
+        classes = rows[:, per_row:per_row + labels]
+        if labels and values > labels and float(classes.min()) >= -0.01 and float(classes.max()) <= 1.01:
             more = values - labels
-            return (f"the card's {labels} class score{'s' if labels > 1 else ''} and {more} more "
-                    f"value{'s' if more > 1 else ''} up to {top:.4g}, before the {kp[0] * kp[1]} that postprocess.keypoints {list(kp)} reads: the "
-                    f"card's keypoints are not the model's (its kpt_shape, in its metadata, says what they are)")
-        if labels and values > labels and float(rows[:, per_row:per_row + labels].max()) <= 1.01:
-            more = values - labels
+            said = (f"the card's {labels} class score{'s' if labels > 1 else ''} and {more} more "
+                    f"value{'s' if more > 1 else ''}, {span}")
+            if kp or self.card.postprocess.obb:
+                reads = f"the {kp[0] * kp[1]} that postprocess.keypoints {list(kp)}" if kp else "the angle postprocess.obb"
+                return (f"{said}, before {reads} reads: the card's {'keypoints are' if kp else 'layout is'} not "
+                        f"the model's (its metadata, kpt_shape or task, says what it gives)")
+            if more == 1:
+                return f"{said}: an oriented box's angle, as YOLOv8-obb gives it? postprocess.obb: true reads it"
             shape = f"[{more // 3}, 3]" if more % 3 == 0 else f"[{more // 2}, 2]" if more % 2 == 0 else "[K, D]"
-            return (f"the card's {labels} class score{'s' if labels > 1 else ''} and {more} more values up to "
-                    f"{top:.4g}: keypoints, as a pose model such as YOLOv8-pose gives them? Name their shape in "
-                    f"the card (the model's kpt_shape), postprocess.keypoints: {shape}")
-        return (f"values up to {top:.4g} where class scores (0 to 1) should be: not a detector's rows as layout "
+            return (f"{said}: keypoints, as a pose model such as YOLOv8-pose gives them? Name their shape in the "
+                    f"card (the model's kpt_shape), postprocess.keypoints: {shape}")
+        return (f"values {span} where class scores (0 to 1) should be: not a detector's rows as layout "
                 f"{self.card.postprocess.layout} reads them (a pose model's keypoints? postprocess.keypoints: "
-                f"[K, D] names them; or scores before their sigmoid)")
+                f"[K, D] names them; an oriented box's angle? postprocess.obb: true; or scores before their "
+                f"sigmoid)")
 
     def _values(self, coefficients: int) -> int:
         """What a row holds after its box, as `_anchors_last` counts it: the card's classes and any mask
@@ -201,8 +268,8 @@ class Detector(CardPreprocessing):
         p = self.card.postprocess
         rows, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
         kd = self._keypoint_values()
-        extra = len(protos) if protos is not None else kd
-        tail = np.zeros((0, 0), np.float32)  # each row's mask coefficients or keypoints: split off its end
+        extra = len(protos) if protos is not None else kd or int(p.obb)
+        tail = np.zeros((0, 0), np.float32)  # each row's mask coefficients, keypoints or angle: split off its end
         if extra:
             if p.layout == "yolov8" and _anchors_last(rows, self._values(extra)):
                 rows = rows.T
@@ -212,6 +279,8 @@ class Detector(CardPreprocessing):
         xyxy, class_ids, scores = decode_rows(rows, p.layout, len(self.card.labels), self.size, p.box_format,
                                               p.box_units)
         sel = scores >= p.threshold
+        if p.obb:
+            return self._oriented(rows[sel, :4], tail[sel, 0], class_ids[sel], scores[sel], geometry)
         xyxy, class_ids, scores = xyxy[sel], class_ids[sel], scores[sel]
         if p.layout in ("end2end", "detr"):  # one box per object already: a NMS could drop boxes the model kept
             keep = np.argsort(-scores, kind="stable")[:p.max_detections]
@@ -230,6 +299,27 @@ class Detector(CardPreprocessing):
         return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=scores,
                           names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h),
                           instances=instances, keypoints=keypoints)
+
+    def _oriented(self, xywh: np.ndarray, angles: np.ndarray, class_ids: np.ndarray, scores: np.ndarray,
+                  geometry: Geometry) -> Detections:
+        """An oriented-box detector's candidates (cx, cy, w, h in input pixels, the angle, class, score)
+        -> its boxes, as Ultralytics' OBBPredictor gives them: suppressed by probabilistic IoU
+        (`rotated_nms`), the best `max_detections`, then centre and sides mapped back through the
+        letterbox (each side by its axis's scale) and the angle kept; `xyxy` each one's bounding box."""
+        p = self.card.postprocess
+        xywhr = np.concatenate([xywh, angles[:, None]], axis=1).astype(np.float32)
+        keep = rotated_nms(xywhr, class_ids, scores, p.iou)[:p.max_detections]
+        xywhr, class_ids, scores = xywhr[keep], class_ids[keep], scores[keep]
+        xywhr[:, 0] = (xywhr[:, 0] - geometry.left) / geometry.scale_x
+        xywhr[:, 1] = (xywhr[:, 1] - geometry.top) / geometry.scale_y
+        xywhr[:, 2] /= geometry.scale_x
+        xywhr[:, 3] /= geometry.scale_y
+        corners = rotated_corners(xywhr)
+        h, w = geometry.orig_hw
+        xyxy = np.concatenate([corners.min(axis=1), corners.max(axis=1)], axis=1)
+        xyxy = np.clip(xyxy, 0, [w, h, w, h]).astype(np.float32)
+        return Detections(xyxy=xyxy, class_ids=class_ids, scores=scores,
+                          names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h), rotated=xywhr)
 
     def _keypoints(self, values: np.ndarray, geometry: Geometry) -> np.ndarray:
         """(N, K x D) keypoint values of the kept boxes, in input pixels (or fractions of the input, as an
