@@ -696,22 +696,13 @@ def test_an_instance_segmenter_under_a_detector_s_card_without_masks_is_refused_
         f"for each box's mask")
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
 
-def _rows_model(path: Path, rows: np.ndarray | None = None, gate: np.ndarray | None = None) -> None:
-    """(N, 3, 32, 48) -> output0 (N, values, anchors), as a YOLOv8 export gives its rows: 4 box values, the
-    class scores, then what the model adds (a pose model's keypoints: x, y in input pixels, visibility
-    0-1; an oriented box's angle); `rows` plus the image's mean level (0-1) wherever `gate` is 1. By
-    default a pose model's: 84 anchors of one class and 17 keypoints, at random."""
-    if rows is None:
-        rng = np.random.default_rng(0)
-        rows = np.concatenate([rng.uniform(4, 28, (4, 84)), rng.uniform(0, 1, (1, 84)),
-                               *[np.concatenate([rng.uniform(0, 48, (1, 84)), rng.uniform(0, 32, (1, 84)),
-                                                 rng.uniform(0, 1, (1, 84))]) for _ in range(17)]]).astype(np.float32)
-    gate = np.zeros_like(rows) if gate is None else gate
-    g = GraphBuilder()
-    level = g.node("ReduceMean", ["images"], axes=[1, 2, 3], keepdims=0)  # (N,): the image takes part
-    scaled = g.node("Mul", [g.node("Reshape", [level, g.const([-1, 1, 1], np.int64)]), g.const(gate[None])])
-    out = g.node("Add", [scaled, g.const(rows[None])], name="output0")
-    g.save(path, "images", ["N", 3, 32, 48], [(out, ["N", *rows.shape])], "pose")
+def _pose_rows() -> np.ndarray:
+    """(56, 84) rows as a YOLOv8-pose export gives them: 4 box values, one class score (0-1), then 17
+    keypoints of x, y (input pixels) and visibility (0-1), for 84 anchors, at random."""
+    rng = np.random.default_rng(0)
+    return np.concatenate([rng.uniform(4, 28, (4, 84)), rng.uniform(0, 1, (1, 84)),
+                           *[np.concatenate([rng.uniform(0, 48, (1, 84)), rng.uniform(0, 32, (1, 84)),
+                                             rng.uniform(0, 1, (1, 84))]) for _ in range(17)]]).astype(np.float32)
 
 
 @pytest.mark.parametrize("labels, said", [
@@ -729,11 +720,12 @@ def test_a_pose_model_under_a_card_without_keypoints_is_refused_at_start_saying_
     keypoints' pixels were taken for 52 classes' scores (an untrained yolov8n-pose export: 106 boxes on
     a photo, scored up to 314), and with its one label refused only as `has 52 classes`."""
     cfg, models, images = own
-    folder = _card_file(models, "pose", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+    folder = _card_file(models, "pose", "task: detect\ninput: {name: input, size: [32, 48]}\n"
                                         "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
                                         "std: [255, 255, 255]}\n"
                                         f"postprocess: {{output: output0, layout: yolov8}}\nlabels: {labels}")
-    _rows_model(folder / "pose.onnx")
+    rows = _pose_rows()
+    _rows_model(folder / "pose.onnx", rows[None], np.zeros_like(rows)[None])
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=rf"^model 'pose': output 'output0' \(56, 84\) {said}$"):
         run_folder(dataclasses.replace(cfg, model="pose"), images)
@@ -749,7 +741,7 @@ def test_a_pose_model_gives_each_box_its_keypoints(own) -> None:
     from pycocotools.coco import COCO
 
     cfg, models, images = own
-    body = ("task: detect\ninput: {name: images, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
+    body = ("task: detect\ninput: {name: input, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
             "mean: [0, 0, 0], std: [255, 255, 255]}\npostprocess: {output: output0, layout: yolov8, threshold: 0.5, "
             "keypoints: [3, 3]}\nlabels: [part]")
     folder = _card_file(models, "pose", body)
@@ -759,7 +751,7 @@ def test_a_pose_model_gives_each_box_its_keypoints(own) -> None:
                         *[[36, 24, 24, 16, 0.1, 40, 30, 1.0, 41, 30, 1.0, 42, 30, 1.0]] * 20], np.float32)
     gate = np.zeros_like(anchors)
     gate[0, 4] = 1.0
-    _rows_model(folder / "pose.onnx", anchors.T, gate.T)
+    _rows_model(folder / "pose.onnx", anchors.T[None], gate.T[None])
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: no padding
     cfg = dataclasses.replace(cfg, model="pose", outputs=dataclasses.replace(cfg.outputs, overlays=True,
                                                                               yolo_txt=True))
@@ -805,7 +797,7 @@ def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own) -> N
     draws it as it lies, `<rel>.txt` has Ultralytics' corner line, COCO its outline as segmentation. A
     plain detector's card on it is refused, and so is `obb` on a model whose last value is no angle."""
     cfg, models, images = own
-    body = ("task: detect\ninput: {name: images, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
+    body = ("task: detect\ninput: {name: input, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
             "mean: [0, 0, 0], std: [255, 255, 255]}\npostprocess: {output: output0, layout: yolov8, threshold: 0.5, "
             "obb: true}\nlabels: [part]")
     folder = _card_file(models, "obb", body)
@@ -814,7 +806,7 @@ def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own) -> N
     anchors = np.array([[24, 16, 20, 8, 0.0, math.pi / 6], *[[10, 10, 8, 8, 0.1, -0.5]] * 20], np.float32)
     gate = np.zeros_like(anchors)
     gate[0, 4] = 1.0
-    _rows_model(folder / "obb.onnx", anchors.T, gate.T)
+    _rows_model(folder / "obb.onnx", anchors.T[None], gate.T[None])
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))
     cfg = dataclasses.replace(cfg, model="obb", outputs=dataclasses.replace(cfg.outputs, overlays=True, yolo_txt=True))
     assert run_folder(cfg, images).figures["done"] == 1
@@ -850,7 +842,7 @@ def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own) -> N
                                          r"box's angle, as YOLOv8-obb gives it\? postprocess.obb: true reads it"):
         run_folder(cfg, images)
     anchors[1:, 5] = 3.0  # no angle: past 3pi/4
-    _rows_model(folder / "obb.onnx", anchors.T, gate.T)
+    _rows_model(folder / "obb.onnx", anchors.T[None], gate.T[None])
     (folder / "model.yaml").write_text(f"name: obb\nonnx: obb.onnx\n{body}\n")
     with pytest.raises(ModelError, match=r"postprocess.obb reads each row's last value as its box's angle, -pi/4 to "
                                          r"3pi/4 radians as YOLOv8-obb gives it, but output 'output0' gives 0.5236 to "
