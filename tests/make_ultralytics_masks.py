@@ -47,9 +47,9 @@ def main() -> None:
     out = Path(__file__).parent / "data" / "ultralytics_masks.npz"
     out.parent.mkdir(exist_ok=True)
     np.savez_compressed(out, protos=protos.astype(np.float16), coefficients=coefficients, boxes=boxes, masks=np.packbits(masks, axis=-1),
-                        scores=scores, classes=classes, txt=np.array([[_txt_line(boxes[t, k], scores[t, k], classes[t, k],
-                                                                                masks[t, k], out.parent / "txt")
-                                                                      for k in range(BOXES)] for t in range(TRIALS)]),
+                        scores=scores, classes=classes,
+                        txt=np.array([[_txt_line(boxes[t, k], scores[t, k], classes[t, k], masks[t, k],
+                                                 out.parent / "txt") for k in range(BOXES)] for t in range(TRIALS)]),
                         shape=np.array([H, W]), input_size=SIZE, top=top, scale=scale,
                         ultralytics=ultralytics.__version__)
     print(f"{out}: {TRIALS * BOXES} masks, Ultralytics {ultralytics.__version__}, {out.stat().st_size} bytes")

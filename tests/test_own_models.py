@@ -706,7 +706,8 @@ def _pose_rows() -> np.ndarray:
 
 
 @pytest.mark.parametrize("labels, said", [
-    ("[person]", "holds 4 box values, then the card's 1 class score and 51 more values, from [\\d.]+ to 4\\d\\.\\d+: keypoints, "
+    ("[person]", "holds 4 box values, then the card's 1 class score and 51 more values, from [\\d.]+ to "
+                 "4\\d\\.\\d+: keypoints, "
                  "as a pose model such as YOLOv8-pose gives them\\? Name their shape in the card \\(the model's "
                  "kpt_shape\\), postprocess.keypoints: \\[17, 3\\]"),
     ("[]", "holds 4 box values, then values from [\\d.]+ to 4\\d\\.\\d+ where class scores \\(0 to 1\\) should be: "

@@ -13,7 +13,8 @@ from worker.yolo_txt import _nearest_pair, join_outlines, yolo_txt
 def test_a_detector_s_boxes_are_centre_size_and_score_normalised_to_the_image() -> None:
     result = Detections(np.array([[10, 20, 50, 60], [0, 0, 200, 100]], np.float32), np.array([3, 0]),
                         np.array([0.9, 0.25], np.float32), ("c", "a"), (200, 100))
-    assert yolo_txt(result) == "3 0.150000 0.400000 0.200000 0.400000 0.9000\n0 0.500000 0.500000 1.000000 1.000000 0.2500\n"
+    assert yolo_txt(result) == ("3 0.150000 0.400000 0.200000 0.400000 0.9000\n"
+                                "0 0.500000 0.500000 1.000000 1.000000 0.2500\n")
 
 
 def test_a_mask_in_parts_is_one_polygon_through_every_outline_point_whose_fill_is_the_mask() -> None:

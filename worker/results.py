@@ -145,7 +145,8 @@ class Detections:
                              f"{self.instances.dtype} {self.instances.shape}")
         kp = self.keypoints
         if kp is not None and (kp.ndim != 3 or kp.shape[0] != n or kp.shape[2] not in (2, 3) or kp.dtype != np.float32):
-            raise ValueError(f"Detections.keypoints must be a ({n}, K, 2 or 3) float32 array, got {kp.dtype} {kp.shape}")
+            raise ValueError(f"Detections.keypoints must be a ({n}, K, 2 or 3) float32 array, got {kp.dtype} "
+                             f"{kp.shape}")
         if self.rotated is not None and (self.rotated.shape != (n, 5) or self.rotated.dtype != np.float32):
             raise ValueError(f"Detections.rotated must be a ({n}, 5) float32 array, got {self.rotated.dtype} "
                              f"{self.rotated.shape}")

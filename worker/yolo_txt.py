@@ -1,6 +1,6 @@
 """Ultralytics' text format of a detector's result (opt-in, `outputs.yolo_txt`): one line per box, its
-box (a pose model's keypoints after it; an oriented box's corners), or for an instance segmenter its mask's outline, normalised to the
-image size, score last.
+box (a pose model's keypoints after it; an oriented box's corners), or for an instance segmenter its
+mask's outline, normalised to the image size, score last.
 
 Results never write themselves; this module makes the text, and only the outbox writes it.
 """
@@ -17,11 +17,12 @@ def yolo_txt(result: Detections) -> str:
     """One line per box, as Ultralytics' `save_txt(save_conf=True)` writes a prediction.
 
     A detector's box: `class cx cy w h score`; a pose model's, each keypoint's `x y` or `x y visibility`
-    after the box; an oriented box's, its corners `x1 y1 x2 y2 x3 y3 x4 y4`. An instance segmenter's: `class x1 y1 x2 y2 ... score`,
-    the outline of the box's mask (its pixels in `result.instances`) through boundary pixels' centres,
-    as `cv2.findContours` traces it; a mask of several parts is one outline joined by two-way seams, and
-    a box whose mask has fewer than 3 outline points (none left, or a sliver) gets no line (a shorter
-    polygon is no polygon to a YOLO loader; the JSON still lists the box)."""
+    after the box; an oriented box's, its corners `x1 y1 x2 y2 x3 y3 x4 y4`. An instance segmenter's:
+    `class x1 y1 x2 y2 ... score`, the outline of the box's mask (its pixels in `result.instances`)
+    through boundary pixels' centres, as `cv2.findContours` traces it; a mask of several parts is one
+    outline joined by two-way seams, and a box whose mask has fewer than 3 outline points (none left,
+    or a sliver) gets no line (a shorter polygon is no polygon to a YOLO loader; the JSON still lists
+    the box)."""
     w, h = result.image_size
     lines = []
     for k, ((x1, y1, x2, y2), c, s) in enumerate(zip(result.xyxy, result.class_ids, result.scores)):

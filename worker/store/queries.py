@@ -235,7 +235,8 @@ def _results(c: Any, rid: int, window: _Window) -> dict[str, Any]:
                           .join(ImageRow, ImageRow.id == LabelRow.image_id).where(*done)).scalar() or 0
     labels = [{"name": name, "images": images, **({"boxes": n} if task == "detect" else {})}
               for name, images, n in sorted(rows, key=lambda r: (-r[1], str(r[0]))) if name is not None]
-    return {"task": task, "images": total, "score": {k: round(v, 4) for k, v in percentiles(scores, (5, 50, 95)).items()},
+    score = {k: round(v, 4) for k, v in percentiles(scores, (5, 50, 95)).items()}
+    return {"task": task, "images": total, "score": score,
             "scores_read": {"read": len(scores), "stride": stride}, "labels": labels, "none": total - named}
 
 

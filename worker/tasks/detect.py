@@ -232,7 +232,8 @@ class Detector(CardPreprocessing):
             said = (f"the card's {labels} class score{'s' if labels > 1 else ''} and {more} more "
                     f"value{'s' if more > 1 else ''}, {span}")
             if kp or self.card.postprocess.obb:
-                reads = f"the {kp[0] * kp[1]} that postprocess.keypoints {list(kp)}" if kp else "the angle postprocess.obb"
+                reads = (f"the {kp[0] * kp[1]} that postprocess.keypoints {list(kp)}" if kp
+                         else "the angle postprocess.obb")
                 return (f"{said}, before {reads} reads: the card's {'keypoints are' if kp else 'layout is'} not "
                         f"the model's (its metadata, kpt_shape or task, says what it gives)")
             if more == 1:
