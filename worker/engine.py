@@ -120,6 +120,8 @@ class Engine:
         except Exception as e:
             raise ModelError(f"{onnx_path}: onnxruntime cannot load it: {e}{unloadable}") from None
         self.providers: list[str] = self.session.get_providers()
+        # what the exporter wrote of the model (Ultralytics: task, kpt_shape, end2end, names), read once
+        self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         log.info("onnxruntime %s, active providers: %s", ort.__version__, ", ".join(self.providers))
         if cfg.require_gpu and "CUDAExecutionProvider" not in self.providers:
             raise ProviderError(

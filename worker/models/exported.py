@@ -1,0 +1,54 @@
+"""What an Ultralytics export says of itself, held against the card.
+
+Ultralytics writes into every ONNX file it exports the model's task (detect, segment, pose, obb,
+classify), a pose model's keypoint shape (`kpt_shape`) and whether its boxes come suppressed already
+(`end2end`). A card that contradicts them would read the rows wrongly, or be refused later with a
+message about shapes; here it is refused at start with the line to write.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Mapping
+from pathlib import Path
+
+from worker.errors import ModelError
+from worker.models.card import ModelCard
+
+# Ultralytics' task -> the card's task that reads it
+_CARD_TASK = {"classify": "classify", "detect": "detect", "segment": "detect", "pose": "detect", "obb": "detect"}
+
+
+def check_exported(card: ModelCard, metadata: Mapping[str, str], onnx: Path) -> None:
+    """Raise ModelError when `card` contradicts what an Ultralytics export's `metadata` says; nothing for
+    another exporter's file (no `task`, or not Ultralytics')."""
+    task = metadata.get("task")
+    if metadata.get("author") != "Ultralytics" or task not in _CARD_TASK:
+        return
+    pp, what = card.postprocess, f"model '{card.name}': {onnx.name} is an Ultralytics {task} model (its metadata)"
+    if card.task != _CARD_TASK[task]:
+        raise ModelError(f"{what}; the card says task: {card.task}, where task: {_CARD_TASK[task]} reads it")
+    if card.task != "detect":
+        return
+    shape = _kpt_shape(metadata.get("kpt_shape", ""))
+    if task == "pose" and shape and tuple(pp.keypoints) != shape:
+        have = f"its postprocess.keypoints are {list(pp.keypoints)}" if pp.keypoints else "the card names none"
+        raise ModelError(f"{what}, of keypoints {list(shape)}, and {have}: postprocess.keypoints: {list(shape)}")
+    if task != "pose" and pp.keypoints:
+        raise ModelError(f"{what}, without keypoints: the card's postprocess.keypoints reads what is not there")
+    if (task == "obb") != pp.obb:
+        fix = "postprocess.obb: true reads its boxes' angles" if not pp.obb else \
+            "postprocess.obb is an oriented-box model's: leave it out"
+        raise ModelError(f"{what}: {fix}")
+    if metadata.get("end2end") == "True" and pp.layout != "end2end":
+        raise ModelError(f"{what}, whose boxes come suppressed already (end2end): layout: end2end reads them, "
+                         f"not {pp.layout}")
+
+
+def _kpt_shape(text: str) -> tuple[int, ...]:
+    """'[17, 3]' -> (17, 3); () for anything else."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return ()
+    return tuple(value) if isinstance(value, list) and all(isinstance(v, int) for v in value) else ()
