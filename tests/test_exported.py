@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -64,8 +65,6 @@ def test_a_card_that_fits_its_export_or_another_exporter_s_file_passes(tmp_path:
 def test_a_real_export_s_metadata_stops_the_worker_at_start(cfg, tmp_path: Path) -> None:
     """The metadata read from the ONNX file itself: a hand-built pose model that says what Ultralytics
     writes (task pose, kpt_shape [3, 3]), under a card without keypoints, is refused before any image."""
-    import onnx
-
     from tests.test_own_models import _card_file, _rows_model
     from worker.service import run_folder
 
@@ -74,14 +73,61 @@ def test_a_real_export_s_metadata_stops_the_worker_at_start(cfg, tmp_path: Path)
                                                      "preprocess: {resize: letterbox}\n"
                                                      "postprocess: {output: output0, layout: yolov8}\nlabels: [a]")
     _rows_model(folder / "pose.onnx", rows[None], np.zeros_like(rows)[None])
-    model = onnx.load(str(folder / "pose.onnx"))
-    for key, value in {**ULTRALYTICS, "task": "pose", "kpt_shape": "[3, 3]"}.items():
-        entry = model.metadata_props.add()
-        entry.key, entry.value = key, value
-    onnx.save(model, str(folder / "pose.onnx"))
+    _add_metadata(folder / "pose.onnx", {**ULTRALYTICS, "task": "pose", "kpt_shape": "[3, 3]"})
     (images := tmp_path / "images").mkdir()
     (images / "a.png").write_bytes(b"")
     with pytest.raises(ModelError, match=r"pose.onnx is an Ultralytics pose model \(its metadata\), of keypoints "
                                          r"\[3, 3\], and the card names none: postprocess.keypoints: \[3, 3\]"):
         run_folder(dataclasses.replace(cfg, models_dir=tmp_path / "models", model="pose"), images)
     assert not (cfg.outbox / "a.png.error.json").exists()  # no image was taken
+
+
+def test_an_export_s_class_names_are_read_in_class_order_or_not_at_all() -> None:
+    from worker.models.exported import exported_labels
+
+    assert exported_labels({**ULTRALYTICS, "names": "{1: 'scratch', 0: 'dent', 2: \"o'ring\"}"}) == (
+        "dent", "scratch", "o'ring")
+    for names in ("{0: 'a', 2: 'c'}", "['a', 'b']", "{0: 'a'", "__import__('os')", ""):  # not one per class
+        assert exported_labels({**ULTRALYTICS, "names": names}) == ()
+    assert exported_labels({"names": "{0: 'a'}"}) == ()  # another exporter's: not Ultralytics' format
+
+
+def test_a_card_without_labels_takes_the_export_s_class_names(cfg, tmp_path: Path) -> None:
+    """A card of one's own YOLOv8 export with no labels: the boxes are named as the model's metadata
+    names its classes (before session 37, by number: "1"), in the JSON and the database's label index."""
+    import cv2
+
+    from tests.test_own_models import _card_file, _rows_model
+    from worker.service import run_folder
+    from worker.store.db import open_db
+    from worker.store.queries import Filters, query_images
+
+    rows = np.zeros((4 + 2, 21), np.float32)  # anchor 0: a box of class 1 at 0.9; the rest nothing
+    rows[:, 0] = [24, 16, 20, 10, 0.0, 0.9]
+    folder = _card_file(tmp_path / "models", "own", "task: detect\ninput: {name: input, size: [32, 48]}\n"
+                                                    "preprocess: {resize: letterbox}\n"
+                                                    "postprocess: {output: output0, layout: yolov8}")
+    _rows_model(folder / "own.onnx", rows[None], np.zeros_like(rows)[None])
+    _add_metadata(folder / "own.onnx", {**ULTRALYTICS, "task": "detect", "names": "{0: 'dent', 1: 'scratch'}"})
+    (images := tmp_path / "images").mkdir()
+    cv2.imwrite(str(images / "a.png"), np.zeros((32, 48, 3), np.uint8))
+    c = dataclasses.replace(cfg, models_dir=tmp_path / "models", model="own")
+    assert run_folder(c, images).figures["done"] == 1
+    (box,) = json.loads((c.outbox / "a.png.json").read_text())["boxes"]
+    assert (box["class_id"], box["name"]) == (1, "scratch")
+    db = open_db(c.db)
+    try:
+        assert [r["rel_path"] for r in query_images(db, Filters(label="scratch"))] == ["a.png"]
+    finally:
+        db.dispose()
+
+
+def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
+    """Write `metadata` into an ONNX file's metadata_props, as an exporter does."""
+    import onnx
+
+    model = onnx.load(str(path))
+    for key, value in metadata.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, str(path))

@@ -1,9 +1,10 @@
 """What an Ultralytics export says of itself, held against the card.
 
 Ultralytics writes into every ONNX file it exports the model's task (detect, segment, pose, obb,
-classify), a pose model's keypoint shape (`kpt_shape`) and whether its boxes come suppressed already
-(`end2end`). A card that contradicts them would read the rows wrongly, or be refused later with a
-message about shapes; here it is refused at start with the line to write.
+classify), a pose model's keypoint shape (`kpt_shape`), whether its boxes come suppressed already
+(`end2end`) and its class names (`names`). A card that contradicts them would read the rows wrongly,
+or be refused later with a message about shapes; here it is refused at start with the line to write.
+A card without labels takes the export's names.
 """
 
 from __future__ import annotations
@@ -52,3 +53,17 @@ def _kpt_shape(text: str) -> tuple[int, ...]:
     except (ValueError, SyntaxError):
         return ()
     return tuple(value) if isinstance(value, list) and all(isinstance(v, int) for v in value) else ()
+
+
+def exported_labels(metadata: Mapping[str, str]) -> tuple[str, ...]:
+    """An Ultralytics export's class names, in class order ("{0: 'person', 1: 'bicycle'}"); () when it
+    has none, or they are not one name for each class from 0."""
+    if metadata.get("author") != "Ultralytics":
+        return ()
+    try:
+        names = ast.literal_eval(metadata.get("names", ""))
+    except (ValueError, SyntaxError):
+        return ()
+    if not isinstance(names, dict) or sorted(names) != list(range(len(names))):
+        return ()
+    return tuple(str(names[i]) for i in range(len(names)))
