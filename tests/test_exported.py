@@ -65,15 +65,10 @@ def test_a_card_that_fits_its_export_or_another_exporter_s_file_passes(tmp_path:
 def test_a_real_export_s_metadata_stops_the_worker_at_start(cfg, tmp_path: Path) -> None:
     """The metadata read from the ONNX file itself: a hand-built pose model that says what Ultralytics
     writes (task pose, kpt_shape [3, 3]), under a card without keypoints, is refused before any image."""
-    from tests.test_own_models import _card_file, _rows_model
     from worker.service import run_folder
 
-    rows = np.zeros((4 + 1 + 9, 21), np.float32)
-    folder = _card_file(tmp_path / "models", "pose", "task: detect\ninput: {name: input, size: [32, 48]}\n"
-                                                     "preprocess: {resize: letterbox}\n"
-                                                     "postprocess: {output: output0, layout: yolov8}\nlabels: [a]")
-    _rows_model(folder / "pose.onnx", rows[None], np.zeros_like(rows)[None])
-    _add_metadata(folder / "pose.onnx", {**ULTRALYTICS, "task": "pose", "kpt_shape": "[3, 3]"})
+    _own_export(tmp_path / "models", "pose", np.zeros((4 + 1 + 9, 21), np.float32), "\nlabels: [a]",
+                {"task": "pose", "kpt_shape": "[3, 3]"})
     (images := tmp_path / "images").mkdir()
     (images / "a.png").write_bytes(b"")
     with pytest.raises(ModelError, match=r"pose.onnx is an Ultralytics pose model \(its metadata\), of keypoints "
@@ -97,18 +92,13 @@ def test_a_card_without_labels_takes_the_export_s_class_names(cfg, tmp_path: Pat
     names its classes (before session 37, by number: "1"), in the JSON and the database's label index."""
     import cv2
 
-    from tests.test_own_models import _card_file, _rows_model
     from worker.service import run_folder
     from worker.store.db import open_db
     from worker.store.queries import Filters, query_images
 
     rows = np.zeros((4 + 2, 21), np.float32)  # anchor 0: a box of class 1 at 0.9; the rest nothing
     rows[:, 0] = [24, 16, 20, 10, 0.0, 0.9]
-    folder = _card_file(tmp_path / "models", "own", "task: detect\ninput: {name: input, size: [32, 48]}\n"
-                                                    "preprocess: {resize: letterbox}\n"
-                                                    "postprocess: {output: output0, layout: yolov8}")
-    _rows_model(folder / "own.onnx", rows[None], np.zeros_like(rows)[None])
-    _add_metadata(folder / "own.onnx", {**ULTRALYTICS, "task": "detect", "names": "{0: 'dent', 1: 'scratch'}"})
+    _own_export(tmp_path / "models", "own", rows, "", {"task": "detect", "names": "{0: 'dent', 1: 'scratch'}"})
     (images := tmp_path / "images").mkdir()
     cv2.imwrite(str(images / "a.png"), np.zeros((32, 48, 3), np.uint8))
     c = dataclasses.replace(cfg, models_dir=tmp_path / "models", model="own")
@@ -120,6 +110,17 @@ def test_a_card_without_labels_takes_the_export_s_class_names(cfg, tmp_path: Pat
         assert [r["rel_path"] for r in query_images(db, Filters(label="scratch"))] == ["a.png"]
     finally:
         db.dispose()
+
+
+def _own_export(models: Path, name: str, rows: np.ndarray, more: str, metadata: dict[str, str]) -> None:
+    """models/<name>: a card of a YOLOv8 detector on a 32x48 letterboxed input (`more` added to it) and
+    a model giving the fixed `rows` (values, anchors) whose file carries Ultralytics' `metadata`."""
+    from tests.test_own_models import _card_file, _rows_model
+
+    folder = _card_file(models, name, "task: detect\ninput: {name: input, size: [32, 48]}\npreprocess: "
+                                      f"{{resize: letterbox}}\npostprocess: {{output: output0, layout: yolov8}}{more}")
+    _rows_model(folder / f"{name}.onnx", rows[None], np.zeros_like(rows)[None])
+    _add_metadata(folder / f"{name}.onnx", {**ULTRALYTICS, **metadata})
 
 
 def _add_metadata(path: Path, metadata: dict[str, str]) -> None:

@@ -264,22 +264,7 @@ def test_pose_boxes_and_keypoints_match_ultralytics_own(tmp_path: Path) -> None:
     320x320 input, against what Ultralytics' own PosePredictor postprocessing made of the same numbers
     (tests/make_ultralytics_pose.py, Ultralytics 8.4.190): NMS, then boxes and keypoints back to the photo
     with each side's own scale, clipped to it; a visibility as the model gave it."""
-    from worker.models.card import load_card
-    from worker.tasks import adapter_for
-    from worker.tasks.preprocess import resize_for
-
-    golden = np.load(ROOT / "tests" / "data" / "ultralytics_pose.npz")
-    (tmp_path / "model.yaml").write_text(
-        "name: pose\ntask: detect\nonnx: pose.onnx\ninput: {name: images, size: [320, 320]}\n"
-        "preprocess: {color: rgb, resize: letterbox, pad_value: 114, mean: [0, 0, 0], std: [255, 255, 255]}\n"
-        "postprocess: {output: output0, layout: yolov8, threshold: 0.25, iou: 0.45, keypoints: [17, 3]}\n"
-        "labels: [a, b]\n")
-    card = load_card(tmp_path / "model.yaml")
-    detector = adapter_for(card)
-    h, w = (int(v) for v in golden["shape"])
-    _, geometry = resize_for(np.zeros((h, w, 3), np.uint8), card.preprocess, (320, 320))
-    detector.check_output(golden["raw"])  # a card that fits its model
-    result = detector.postprocess(golden["raw"], geometry)
+    result, golden, (h, w) = _on_golden(tmp_path, "ultralytics_pose.npz", "keypoints: [17, 3]")
     assert len(result.scores) == len(golden["conf"]) > 100
     order = np.argsort(-golden["conf"], kind="stable")  # best first, as the worker lists them
     assert np.array_equal(result.class_ids, golden["cls"][order].astype(np.int64))
@@ -295,21 +280,7 @@ def test_oriented_boxes_match_ultralytics_own(tmp_path: Path) -> None:
     what Ultralytics' own OBBPredictor postprocessing made of the same numbers
     (tests/make_ultralytics_obb.py, Ultralytics 8.4.190): its fast NMS on the boxes' probabilistic IoU,
     then centre and sides back to the photo, the angle as it was; their corners in its order."""
-    from worker.models.card import load_card
-    from worker.tasks import adapter_for
-    from worker.tasks.preprocess import resize_for
-
-    golden = np.load(ROOT / "tests" / "data" / "ultralytics_obb.npz")
-    (tmp_path / "model.yaml").write_text(
-        "name: obb\ntask: detect\nonnx: obb.onnx\ninput: {name: images, size: [320, 320]}\n"
-        "preprocess: {color: rgb, resize: letterbox, pad_value: 114, mean: [0, 0, 0], std: [255, 255, 255]}\n"
-        "postprocess: {output: output0, layout: yolov8, threshold: 0.25, iou: 0.45, obb: true}\nlabels: [a, b]\n")
-    card = load_card(tmp_path / "model.yaml")
-    detector = adapter_for(card)
-    h, w = (int(v) for v in golden["shape"])
-    _, geometry = resize_for(np.zeros((h, w, 3), np.uint8), card.preprocess, (320, 320))
-    detector.check_output(golden["raw"])
-    result = detector.postprocess(golden["raw"], geometry)
+    result, golden, (h, w) = _on_golden(tmp_path, "ultralytics_obb.npz", "obb: true")
     assert len(result.scores) == len(golden["conf"]) > 200
     order = np.argsort(-golden["conf"], kind="stable")
     assert np.array_equal(result.class_ids, golden["cls"][order].astype(np.int64))
@@ -321,3 +292,25 @@ def test_oriented_boxes_match_ultralytics_own(tmp_path: Path) -> None:
     corners = golden["corners"][order]
     expected = np.clip(np.concatenate([corners.min(1), corners.max(1)], 1), 0, [w, h, w, h])
     assert np.abs(result.xyxy - expected).max() < 1e-3
+
+
+def _on_golden(tmp_path: Path, name: str, postprocess: str):
+    """The worker's detector on a golden file's made-up YOLOv8 output (tests/data/`name`), read under a
+    card of a 320x320 letterboxed input, two classes and `postprocess` added, for the file's photo size:
+    (the result, the golden arrays, (h, w)); the card is held to the output first, as at a start."""
+    from worker.models.card import load_card
+    from worker.tasks import adapter_for
+    from worker.tasks.preprocess import resize_for
+
+    golden = np.load(ROOT / "tests" / "data" / name)
+    (tmp_path / "model.yaml").write_text(
+        "name: golden\ntask: detect\nonnx: golden.onnx\ninput: {name: images, size: [320, 320]}\n"
+        "preprocess: {color: rgb, resize: letterbox, pad_value: 114, mean: [0, 0, 0], std: [255, 255, 255]}\n"
+        f"postprocess: {{output: output0, layout: yolov8, threshold: 0.25, iou: 0.45, {postprocess}}}\n"
+        "labels: [a, b]\n")
+    card = load_card(tmp_path / "model.yaml")
+    detector = adapter_for(card)
+    h, w = (int(v) for v in golden["shape"])
+    _, geometry = resize_for(np.zeros((h, w, 3), np.uint8), card.preprocess, (320, 320))
+    detector.check_output(golden["raw"])
+    return detector.postprocess(golden["raw"], geometry), golden, (h, w)
