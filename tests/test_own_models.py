@@ -852,8 +852,9 @@ def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own) -> N
 
 
 def _quadrant_segmenter(path: Path, layout: str) -> None:
-    """(N, 3, 32, 48) -> an instance segmenter's two outputs, as YOLOv8-seg (or YOLOv5-seg) gives them:
-    output0, 3 anchors' rows (yolov8: (N, 4+2+2, 3); yolov5: (N, 3, 5+2+2)), and output1, 2 prototype
+    """(N, 3, 32, 48) -> an instance segmenter's two outputs, as YOLOv8-seg (or YOLOv5-seg, YOLO26-seg) gives
+    them: output0, 3 anchors' rows (yolov8: (N, 4+2+2, 3); yolov5: (N, 3, 5+2+2); end2end: (N, 3, 6+2),
+    the same boxes as corners, score and class), and output1, 2 prototype
     masks (N, 2, 8, 12), a quarter of the input. Prototype 0 is +10 over the input's top-left 36x24
     and -10 elsewhere, prototype 1 over the bottom-right 36x24: each covers its box (a quadrant) and
     reaches into the other's, which the boxes crop. Anchor 0: a box on the top-left
@@ -865,9 +866,12 @@ def _quadrant_segmenter(path: Path, layout: str) -> None:
                         [24, 16, 48, 32, 0.1, 0.0, 0, 0]], np.float32)  # cx, cy, w, h, classes, coefficients
     gate = np.zeros_like(anchors)
     gate[0, 4] = 1.0
+    if layout == "end2end":  # YOLO26-seg's rows: x1, y1, x2, y2, score, class, coefficients: (N, 3, 6+2)
+        anchors = np.array([[0, 0, 24, 16, 0.0, 0, 1, 0], [24, 16, 48, 32, 0.8, 1, 0, 1],
+                            [0, 0, 48, 32, 0.1, 0, 0, 0]], np.float32)
     if yolov5:  # an objectness of 1 before the classes
         anchors, gate = np.insert(anchors, 4, 1.0, axis=1), np.insert(gate, 4, 0.0, axis=1)
-    rows, gate = (anchors, gate) if yolov5 else (anchors.T, gate.T)
+    rows, gate = (anchors, gate) if layout != "yolov8" else (anchors.T, gate.T)
     protos = np.full((2, 8, 12), -10.0, np.float32)
     protos[0, :6, :9] = 10.0
     protos[1, 2:, 3:] = 10.0
@@ -875,7 +879,7 @@ def _quadrant_segmenter(path: Path, layout: str) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")  # pycocotools'
-@pytest.mark.parametrize("layout", ["yolov8", "yolov5"])
+@pytest.mark.parametrize("layout", ["yolov8", "yolov5", "end2end"])
 def test_an_instance_segmenter_gives_each_box_its_mask(own, layout: str) -> None:
     """A YOLOv8-seg (or YOLOv5-seg) export under a card naming its prototype masks: each box gets its mask,
     the coefficients' sum of the prototypes within the box, at the original size (twice the input here):
@@ -962,8 +966,8 @@ def test_a_card_s_prototype_masks_are_held_to_the_task_and_the_model(own, tmp_pa
     cfg, models, images = own
     for body, message in (
             ("task: segment\npostprocess: {masks: output1}", "'postprocess.masks' names an instance segmenter's"),
-            ("task: detect\npostprocess: {layout: end2end, masks: output1}", "for a detector's layout yolov5 or "
-                                                                             "yolov8"),
+            ("task: detect\npostprocess: {layout: detr, masks: output1}", "for a detector's layout yolov5, yolov8 "
+                                                                          "or end2end"),
             ("task: detect\npostprocess: {output: output1, layout: yolov8, masks: output1}",
              "'postprocess.masks' names the prototype masks, a second output")):
         (tmp_path / "model.yaml").write_text(f"name: x\nonnx: x.onnx\n{body}\n")

@@ -46,9 +46,10 @@ def decode_rows(output: np.ndarray, layout: str, classes: int = 0, input_hw: tup
     return xyxy, class_ids.astype(np.int64), scores.astype(np.float32)
 
 
-def _end2end_rows(output: np.ndarray, keypoint_values: int) -> np.ndarray:
-    """An end2end output with each row's keypoints as (K, 6 + K x D), [6 + K x D, K] transposed."""
-    n = 6 + keypoint_values
+def _end2end_rows(output: np.ndarray, extra: int) -> np.ndarray:
+    """An end2end output whose rows end in `extra` more values (a pose model's keypoints, an instance
+    segmenter's mask coefficients) as (K, 6 + extra), [6 + extra, K] transposed."""
+    n = 6 + extra
     return output.T if output.shape[0] == n and output.shape[1] != n else output
 
 
@@ -150,10 +151,13 @@ class Detector(CardPreprocessing):
         output, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
         kd = self._keypoint_values()
         points = f", then K x D = {kd} keypoint values (postprocess.keypoints)" if kd else ""
+        m = len(protos) if protos is not None else 0
         if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
-            if output.ndim != 2 or 6 + kd not in output.shape:
+            if m:
+                points = f", then M = {m} mask coefficients for output '{self.card.postprocess.masks}'"
+            if output.ndim != 2 or 6 + kd + m not in output.shape:
                 raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as "
-                                 f"[K, {6 + kd}] (x1, y1, x2, y2, score, class{points}); output "
+                                 f"[K, {6 + kd + m}] (x1, y1, x2, y2, score, class{points}); output "
                                  f"'{self.card.postprocess.named}' is {list(output.shape)}")
             if kd:
                 self._check_visibility(_end2end_rows(output, kd)[:, 6:])
@@ -161,7 +165,6 @@ class Detector(CardPreprocessing):
         per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
         # and after them, an instance segmenter's mask coefficients, a pose model's keypoints or an
         # oriented box's angle
-        m = len(protos) if protos is not None else 0
         extra = m + kd + int(self.card.postprocess.obb)
         axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, self._values(extra)) else 1
         if output.ndim != 2 or output.shape[axis] <= per_row + extra:
@@ -275,7 +278,7 @@ class Detector(CardPreprocessing):
             if p.layout == "yolov8" and _anchors_last(rows, self._values(extra)):
                 rows = rows.T
             elif p.layout == "end2end":
-                rows = _end2end_rows(rows, kd)
+                rows = _end2end_rows(rows, extra)
             rows, tail = rows[:, :-extra], rows[:, -extra:]
         xyxy, class_ids, scores = decode_rows(rows, p.layout, len(self.card.labels), self.size, p.box_format,
                                               p.box_units)
