@@ -792,22 +792,27 @@ def test_a_pose_model_gives_each_box_its_keypoints(own) -> None:
             run_folder(cfg, images)
 
 
-def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own) -> None:
-    """A YOLOv8-obb export under a card with `obb: true`: each box its centre, sides and angle in the
-    original's pixels (twice the input here), its corners, and its bounding box as `xyxy`; the overlay
-    draws it as it lies, `<rel>.txt` has Ultralytics' corner line, COCO its outline as segmentation. A
-    plain detector's card on it is refused, and so is `obb` on a model whose last value is no angle."""
+@pytest.mark.parametrize("layout", ["yolov8", "end2end"])
+def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own, layout: str) -> None:
+    """A YOLOv8-obb export (or YOLO26-obb's NMS-free rows) under a card with `obb: true`: each box its
+    centre, sides and angle in the original's pixels (twice the input here), its corners, and its bounding
+    box as `xyxy`; the overlay draws it as it lies, `<rel>.txt` has Ultralytics' corner line, COCO its
+    outline as segmentation. A plain detector's card on a YOLOv8-obb is refused, and so is `obb` on a
+    model whose last value is no angle."""
     cfg, models, images = own
     body = ("task: detect\ninput: {name: input, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
-            "mean: [0, 0, 0], std: [255, 255, 255]}\npostprocess: {output: output0, layout: yolov8, threshold: 0.5, "
-            "obb: true}\nlabels: [part]")
+            f"mean: [0, 0, 0], std: [255, 255, 255]}}\npostprocess: {{output: output0, layout: {layout}, "
+            "threshold: 0.5, obb: true}\nlabels: [part]")
     folder = _card_file(models, "obb", body)
     # anchor 0: a 20x8 box at the input's centre turned by pi/6, scored by the image's level; the others
     # a box at 0.1, under the threshold
     anchors = np.array([[24, 16, 20, 8, 0.0, math.pi / 6], *[[10, 10, 8, 8, 0.1, -0.5]] * 20], np.float32)
     gate = np.zeros_like(anchors)
     gate[0, 4] = 1.0
-    _rows_model(folder / "obb.onnx", anchors.T[None], gate.T[None])
+    if layout == "end2end":  # YOLO26-obb's rows: cx, cy, w, h, score, class, angle
+        anchors, gate = np.insert(anchors, 5, 0.0, axis=1), np.insert(gate, 5, 0.0, axis=1)
+    rows, gate = (anchors.T, gate.T) if layout == "yolov8" else (anchors, gate)
+    _rows_model(folder / "obb.onnx", rows[None], gate[None])
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))
     cfg = dataclasses.replace(cfg, model="obb", outputs=dataclasses.replace(cfg.outputs, overlays=True, yolo_txt=True))
     assert run_folder(cfg, images).figures["done"] == 1
@@ -837,13 +842,15 @@ def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own) -> N
     assert np.allclose(np.reshape(ann["segmentation"], (4, 2)), corners, atol=0.01)
     assert ann["area"] == 640.0 and ann["xywhr"] == box["xywhr"]
 
+    if layout == "end2end":
+        return
     # the same model under a plain detector's card: its angle read as a class score
     (folder / "model.yaml").write_text(f"name: obb\nonnx: obb.onnx\n{body.replace(', obb: true', '')}\n")
     with pytest.raises(ModelError, match=r"the card's 1 class score and 1 more value, from -0.5 to 0.5236: an oriented "
                                          r"box's angle, as YOLOv8-obb gives it\? postprocess.obb: true reads it"):
         run_folder(cfg, images)
     anchors[1:, 5] = 3.0  # no angle: past 3pi/4
-    _rows_model(folder / "obb.onnx", anchors.T[None], gate.T[None])
+    _rows_model(folder / "obb.onnx", anchors.T[None], gate[None])
     (folder / "model.yaml").write_text(f"name: obb\nonnx: obb.onnx\n{body}\n")
     with pytest.raises(ModelError, match=r"postprocess.obb reads each row's last value as its box's angle, -pi/4 to "
                                          r"3pi/4 radians as YOLOv8-obb gives it, but output 'output0' gives 0.5236 to "

@@ -119,8 +119,9 @@ class Postprocess:
     # detect, yolov5, yolov8 or end2end: a pose model's keypoints, [K, D] (Ultralytics' kpt_shape: K
     # points of x, y and, with D = 3, visibility 0-1); each box's row then ends in its K x D values
     keypoints: tuple[int, ...] = ()
-    # detect, yolov8: oriented boxes, each row ending in its box's angle (radians, -pi/4 to 3pi/4), as a
-    # YOLOv8-obb export gives them; suppressed by their probabilistic IoU, as Ultralytics does
+    # detect, yolov8 or end2end: oriented boxes, each row ending in its box's angle (radians), as a
+    # YOLOv8-obb export gives them (suppressed here by their probabilistic IoU, as Ultralytics does), or
+    # YOLO26-obb's NMS-free rows (cx, cy, w, h, score, class, angle)
     obb: bool = False
     # what turns the output into probabilities: classify applies softmax unless told otherwise (`none`
     # for a model that ends in Softmax); segment takes the output as probabilities unless told
@@ -326,10 +327,10 @@ def load_card(path: Path) -> ModelCard:
                or card.postprocess.masks or card.postprocess.outputs):
         raise ConfigError(f"{path}: 'postprocess.keypoints' is a pose model's, for a detector's layout yolov5, "
                           f"yolov8 or end2end of one output, without 'masks'")
-    if card.postprocess.obb and (card.task != "detect" or card.postprocess.layout != "yolov8" or kp
-                                 or card.postprocess.masks or card.postprocess.outputs):
-        raise ConfigError(f"{path}: 'postprocess.obb' is an oriented-box detector's (YOLOv8-obb), for a detector's "
-                          f"layout yolov8 of one output, without 'masks' or 'keypoints'")
+    if card.postprocess.obb and (card.task != "detect" or card.postprocess.layout not in ("yolov8", "end2end")
+                                 or kp or card.postprocess.masks or card.postprocess.outputs):
+        raise ConfigError(f"{path}: 'postprocess.obb' is an oriented-box detector's (YOLOv8-obb, YOLO26-obb), for a "
+                          f"detector's layout yolov8 or end2end of one output, without 'masks' or 'keypoints'")
     if card.input.sizes and card.input.sizes == card.input.name:
         raise ConfigError(f"{path}: 'input.sizes' names the image input '{card.input.name}'; it names the "
                           f"model's second input, the one that takes image sizes")

@@ -152,20 +152,25 @@ class Detector(CardPreprocessing):
         kd = self._keypoint_values()
         points = f", then K x D = {kd} keypoint values (postprocess.keypoints)" if kd else ""
         m = len(protos) if protos is not None else 0
+        obb = int(self.card.postprocess.obb)
         if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
             if m:
                 points = f", then M = {m} mask coefficients for output '{self.card.postprocess.masks}'"
-            if output.ndim != 2 or 6 + kd + m not in output.shape:
+            first = "cx, cy, w, h" if obb else "x1, y1, x2, y2"
+            points = points or (", then the box's angle (postprocess.obb)" if obb else "")
+            if output.ndim != 2 or 6 + kd + m + obb not in output.shape:
                 raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as "
-                                 f"[K, {6 + kd + m}] (x1, y1, x2, y2, score, class{points}); output "
+                                 f"[K, {6 + kd + m + obb}] ({first}, score, class{points}); output "
                                  f"'{self.card.postprocess.named}' is {list(output.shape)}")
             if kd:
                 self._check_visibility(_end2end_rows(output, kd)[:, 6:])
+            if obb:
+                self._check_angles(_end2end_rows(output, obb)[:, 6], end2end=True)
             return
         per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
         # and after them, an instance segmenter's mask coefficients, a pose model's keypoints or an
         # oriented box's angle
-        extra = m + kd + int(self.card.postprocess.obb)
+        extra = m + kd + obb
         axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, self._values(extra)) else 1
         if output.ndim != 2 or output.shape[axis] <= per_row + extra:
             want = {"yolov8": "[4+C, A] (or [A, 4+C])", "detr": "[Q, 4+C] (or [4+C, Q])"}.get(layout, "[A, 5+C]")
@@ -189,11 +194,13 @@ class Detector(CardPreprocessing):
             self._check_angles(rows[:, -1])
         check_labels(self.card, output.shape[axis] - per_row - extra, output)
 
-    def _check_angles(self, angles: np.ndarray) -> None:
+    def _check_angles(self, angles: np.ndarray, end2end: bool = False) -> None:
         """An oriented-box detector's angles from the warm-up: YOLOv8-obb gives (sigmoid - 0.25) x pi,
         -pi/4 to 3pi/4. Anything else there (a class score past the labels, a plain detector's last
-        class) is not an angle."""
-        if angles.size and (float(angles.min()) < -math.pi / 4 - 0.01 or float(angles.max()) > 3 * math.pi / 4 + 0.01):
+        class) is not an angle. YOLO26-obb's rows (end2end) give theirs raw: not checked."""
+        if end2end or not angles.size:
+            return
+        if float(angles.min()) < -math.pi / 4 - 0.01 or float(angles.max()) > 3 * math.pi / 4 + 0.01:
             raise ModelError(f"model '{self.card.name}': postprocess.obb reads each row's last value as its box's "
                              f"angle, -pi/4 to 3pi/4 radians as YOLOv8-obb gives it, but output "
                              f"'{self.card.postprocess.named}' gives {float(angles.min()):.4g} to "
@@ -308,11 +315,15 @@ class Detector(CardPreprocessing):
                   geometry: Geometry) -> Detections:
         """An oriented-box detector's candidates (cx, cy, w, h in input pixels, the angle, class, score)
         -> its boxes, as Ultralytics' OBBPredictor gives them: suppressed by probabilistic IoU
-        (`rotated_nms`), the best `max_detections`, then centre and sides mapped back through the
+        (`rotated_nms`; NMS-free rows as they are), the best `max_detections`, then centre and sides mapped
+        back through the
         letterbox (each side by its axis's scale) and the angle kept; `xyxy` each one's bounding box."""
         p = self.card.postprocess
         xywhr = np.concatenate([xywh, angles[:, None]], axis=1).astype(np.float32)
-        keep = rotated_nms(xywhr, class_ids, scores, p.iou)[:p.max_detections]
+        if p.layout == "end2end":  # one box per object already
+            keep = np.argsort(-scores, kind="stable")[:p.max_detections]
+        else:
+            keep = rotated_nms(xywhr, class_ids, scores, p.iou)[:p.max_detections]
         xywhr, class_ids, scores = xywhr[keep], class_ids[keep], scores[keep]
         xywhr[:, 0] = (xywhr[:, 0] - geometry.left) / geometry.scale_x
         xywhr[:, 1] = (xywhr[:, 1] - geometry.top) / geometry.scale_y
