@@ -10,9 +10,10 @@ coefficients and boxes on a
 `retina_masks=True` gives, the logits brought to the original size, cropped to the box, above 0. The
 worker's masks are held to them (`worker.tasks.detect.instance_masks`); the worker does not need
 Ultralytics or PyTorch. The padding here is a whole number of prototype pixels (10), as a 640x480 or
-1920x1080 photo's is in a 640x640 input; where it is not, Ultralytics upsamples the logits twice
-(first 2x or 4x, then to the image) where the worker samples them once, and the masks differ a
-little more at their edges (a 270x480 image: IoU 0.98-1.0, median 0.998, over 24 masks).
+1920x1080 photo's is in a 640x640 input. For a 270x480 image (`boxes_270`, `masks_270`: 35 px of
+padding, 8.75 prototype pixels) Ultralytics upsamples the logits 4 times, crops the padding and
+resizes; the worker composes the same two steps (until session 37 it sampled once, and those masks
+differed at their edges: IoU 0.98-1.0, median 0.998).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ultralytics.engine.results import Results
 from ultralytics.utils import ops
 
 H, W, SIZE, M, TRIALS, BOXES = 240, 480, 160, 32, 2, 12
+H2 = 270  # a second image, whose padding is not a whole number of prototype pixels
 
 
 def main() -> None:
@@ -44,10 +46,18 @@ def main() -> None:
                                               torch.from_numpy(boxes[t]), (H, W)).numpy() > 0 for t in range(TRIALS)])
     scores = rng.uniform(0.25, 1, (TRIALS, BOXES)).astype(np.float32)
     classes = rng.integers(0, 80, (TRIALS, BOXES))
+    # the same prototypes for a 270x480 image: 35 px of padding above, 8.75 prototype pixels, where
+    # Ultralytics upsamples 4 times before it crops and resizes
+    cx, cy = rng.uniform(10, W - 10, (TRIALS, BOXES)), rng.uniform(10, H2 - 10, (TRIALS, BOXES))
+    bw, bh = rng.uniform(8, W / 2, (TRIALS, BOXES)), rng.uniform(8, H2 / 2, (TRIALS, BOXES))
+    boxes2 = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], -1).clip(0, [W, H2, W, H2])
+    boxes2 = boxes2.astype(np.float32)
+    masks2 = np.stack([ops.process_mask_native(torch.from_numpy(protos[t]), torch.from_numpy(coefficients[t]),
+                                               torch.from_numpy(boxes2[t]), (H2, W)).numpy() > 0 for t in range(TRIALS)])
     out = Path(__file__).parent / "data" / "ultralytics_masks.npz"
     out.parent.mkdir(exist_ok=True)
     np.savez_compressed(out, protos=protos.astype(np.float16), coefficients=coefficients, boxes=boxes, masks=np.packbits(masks, axis=-1),
-                        scores=scores, classes=classes,
+                        scores=scores, classes=classes, boxes_270=boxes2, masks_270=np.packbits(masks2, axis=-1),
                         txt=np.array([[_txt_line(boxes[t, k], scores[t, k], classes[t, k], masks[t, k],
                                                  out.parent / "txt") for k in range(BOXES)] for t in range(TRIALS)]),
                         shape=np.array([H, W]), input_size=SIZE, top=top, scale=scale,

@@ -358,50 +358,85 @@ def instance_masks(coefficients: np.ndarray, protos: np.ndarray, xyxy: np.ndarra
 
     coefficients: (N, M), each box's weights of the M prototype masks `protos` (M, h, w), which span the
     network input (`input_hw`); xyxy: (N, 4) the boxes in original pixels, best first. A box's mask is
-    its weighted sum of the prototypes (logits), sampled bilinearly at the centre of each original pixel
-    (through the letterbox or stretch in `geometry`), above 0 (a probability of 0.5), and cropped to the
-    box as Ultralytics crops it (pixel u when x1 <= u < x2): Ultralytics' `retina_masks=True` masks."""
+    its weighted sum of the prototypes (logits) brought to the original's pixels as Ultralytics'
+    process_mask_native brings them (`_prototype_axes`: upsampled, the letterbox's padding cropped,
+    resized; both bilinear steps in one matrix per axis), above 0 (a probability of 0.5), and cropped to
+    the box as Ultralytics crops it (pixel u when x1 <= u < x2): Ultralytics' `retina_masks=True` masks."""
     h, w = geometry.orig_hw
     out = np.zeros((h, w), np.uint16)
     if not len(xyxy):
         return out
     m, ph, pw = protos.shape
-    flat = protos.reshape(m, -1).astype(np.float32, copy=False)
-    # original pixel u (centre u + 0.5) -> input x = (u + 0.5) * scale + left -> prototype index x * pw/iw - 0.5
-    ax, ay = geometry.scale_x * pw / input_hw[1], geometry.scale_y * ph / input_hw[0]
-    bx = (0.5 * geometry.scale_x + geometry.left) * pw / input_hw[1] - 0.5
-    by = (0.5 * geometry.scale_y + geometry.top) * ph / input_hw[0] - 0.5
-    # the image's part of the prototypes, in whole prototype pixels (a letterbox's padding left out, as
-    # Ultralytics crops it): sampling stops at its edge rows and columns instead of reaching the padding
-    left, top = max(0, round(geometry.left * pw / input_hw[1])), max(0, round(geometry.top * ph / input_hw[0]))
-    cols = (min(left, pw - 1), min(left + max(round(w * ax), 1), pw) - 1)  # within the prototypes: a crop's
-    rows = (min(top, ph - 1), min(top + max(round(h * ay), 1), ph) - 1)  # image reaches past them
+    rows, cols = _prototype_axes((h, w), (ph, pw), input_hw, letterboxed=bool(geometry.left or geometry.top))
+    protos = protos.astype(np.float32, copy=False)
+    along_y, along_x = rows.weights(0, h), cols.weights(0, w)  # once per image: (h, ph) and (w, pw)
+    reach_y, reach_x = _reach(along_y), _reach(along_x)
     for k in range(len(xyxy) - 1, -1, -1):  # the worst first: a better box's mask is painted over it
         x1, y1, x2, y2 = xyxy[k]
-        # the pixels u with x1 <= u < x2 (and rows alike), as Ultralytics crops a mask to its box
         u1, v1 = max(0, int(np.ceil(x1))), max(0, int(np.ceil(y1)))
         u2, v2 = min(w, int(np.ceil(x2))), min(h, int(np.ceil(y2)))
         if u2 <= u1 or v2 <= v1:
             continue
-        logits = (coefficients[k].astype(np.float32) @ flat).reshape(ph, pw)
-        patch = _bilinear(logits, ay * np.arange(v1, v2) + by, ax * np.arange(u1, u2) + bx, rows, cols)
+        # only the prototype rows and columns the box's pixels draw on
+        r1, r2, c1, c2 = reach_y[0][v1], reach_y[1][v2 - 1], reach_x[0][u1], reach_x[1][u2 - 1]
+        logits = np.tensordot(coefficients[k].astype(np.float32), protos[:, r1:r2, c1:c2], axes=1)
+        patch = along_y[v1:v2, r1:r2] @ logits @ along_x[u1:u2, c1:c2].T
         out[v1:v2, u1:u2][patch > 0] = k + 1
     return out
 
 
-def _bilinear(values: np.ndarray, ys: np.ndarray, xs: np.ndarray, rows: tuple[int, int],
-              cols: tuple[int, int]) -> np.ndarray:
-    """(h, w) values sampled bilinearly at rows `ys` and columns `xs` (index coordinates) within the
-    rows and columns `rows` and `cols` (first, last: their edges repeated beyond them), as PyTorch's
-    bilinear interpolation of that part does: (len(ys), len(xs)) float32, in floating point throughout
-    (OpenCV's warps round sample coordinates to 1/32 of a pixel)."""
+def _reach(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each output pixel, the first prototype index it draws on and one past its last."""
+    drawn = weights != 0
+    first = drawn.argmax(axis=1)
+    last = weights.shape[1] - drawn[:, ::-1].argmax(axis=1)
+    return first, last
 
-    def taps(at: np.ndarray, first: int, last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        at = np.clip(at, first, last)
-        lo = np.minimum(at.astype(np.int64), last)
-        return lo, np.minimum(lo + 1, last), (at - lo).astype(np.float32)
 
-    y0, y1, fy = taps(ys, *rows)
-    x0, x1, fx = taps(xs, *cols)
-    sampled = values[y0] * (1 - fy)[:, None] + values[y1] * fy[:, None]  # (len(ys), w): rows first
-    return sampled[:, x0] * (1 - fx) + sampled[:, x1] * fx
+class _Axis:
+    """One axis of Ultralytics' way from prototype masks to the image: upsampled `f` times (bilinear,
+    PyTorch's half-pixel centres), the image's part [start, start + size) of that cropped, and that
+    resized to `n_out` (bilinear again). `weights(o1, o2)` is the (o2 - o1, n_proto) matrix taking a
+    prototype row (or column) of logits to output pixels o1..o2-1: both steps in one."""
+
+    def __init__(self, n_proto: int, f: int, start: int, size: int, n_out: int) -> None:
+        self.n_proto, self.f, self.start, self.size, self.n_out = n_proto, f, start, size, n_out
+
+    def weights(self, o1: int, o2: int) -> np.ndarray:
+        o = np.arange(o1, o2, dtype=np.float64)
+        i0, i1, l2 = _taps((o + 0.5) * (self.size / self.n_out) - 0.5, self.size)  # in the crop
+        a = np.zeros((o2 - o1, self.n_proto), np.float32)
+        rows = np.arange(o2 - o1)
+        for i, wi in ((i0, 1 - l2), (i1, l2)):
+            r = (self.start + i).astype(np.float64)  # in the upsampled prototypes
+            j0, j1, l1 = _taps((r + 0.5) / self.f - 0.5, self.n_proto)
+            np.add.at(a, (rows, j0), (wi * (1 - l1)).astype(np.float32))
+            np.add.at(a, (rows, j1), (wi * l1).astype(np.float32))
+        return a
+
+
+def _taps(src: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """PyTorch's bilinear taps (align_corners=False): a source position clamped at 0, its two
+    neighbours (the last repeated at the edge) and the weight of the second."""
+    src = np.maximum(src, 0.0)
+    i0 = np.minimum(src.astype(np.int64), n - 1)
+    return i0, np.minimum(i0 + 1, n - 1), src - i0
+
+
+def _prototype_axes(orig_hw: tuple[int, int], proto_hw: tuple[int, int], input_hw: tuple[int, int],
+                    letterboxed: bool) -> tuple[_Axis, _Axis]:
+    """Ultralytics' process_mask_native (8.4): the prototypes (a quarter of the input, as YOLO gives them)
+    upsampled by the least of 1, 2, 4 that puts the letterbox's padding on whole pixels, the image's part
+    cropped (scale_masks' rounding), and resized to the image. Without a letterbox, the whole of them."""
+    (h, w), (ph, pw), (ih, iw) = orig_hw, proto_hw, input_hw
+    ratio = ih // ph
+    if not letterboxed or ratio < 1 or (ih, iw) != (ratio * ph, ratio * pw):
+        return _Axis(ph, 1, 0, ph, h), _Axis(pw, 1, 0, pw, w)
+    gain = min(ih / h, iw / w)
+    pad = (ih - max(round(h * gain), 1)) | (iw - max(round(w * gain), 1))
+    f = ratio // math.gcd(ratio, pad | pad // 2)
+    fh, fw = f * ph, f * pw
+    gain2 = min(fh / h, fw / w)
+    size_h, size_w = max(round(h * gain2), 1), max(round(w * gain2), 1)
+    top, left = round((fh - size_h) / 2 - 0.1), round((fw - size_w) / 2 - 0.1)
+    return _Axis(ph, f, top, size_h, h), _Axis(pw, f, left, size_w, w)
