@@ -359,7 +359,7 @@ def instance_masks(coefficients: np.ndarray, protos: np.ndarray, xyxy: np.ndarra
     coefficients: (N, M), each box's weights of the M prototype masks `protos` (M, h, w), which span the
     network input (`input_hw`); xyxy: (N, 4) the boxes in original pixels, best first. A box's mask is
     its weighted sum of the prototypes (logits) brought to the original's pixels as Ultralytics'
-    process_mask_native brings them (`_prototype_axes`: upsampled, the letterbox's padding cropped,
+    process_mask_native brings them (`_prototype_weights`: upsampled, the letterbox's padding cropped,
     resized; both bilinear steps in one matrix per axis), above 0 (a probability of 0.5), and cropped to
     the box as Ultralytics crops it (pixel u when x1 <= u < x2): Ultralytics' `retina_masks=True` masks."""
     h, w = geometry.orig_hw
@@ -367,9 +367,8 @@ def instance_masks(coefficients: np.ndarray, protos: np.ndarray, xyxy: np.ndarra
     if not len(xyxy):
         return out
     m, ph, pw = protos.shape
-    rows, cols = _prototype_axes((h, w), (ph, pw), input_hw, letterboxed=bool(geometry.left or geometry.top))
     protos = protos.astype(np.float32, copy=False)
-    along_y, along_x = rows.weights(0, h), cols.weights(0, w)  # once per image: (h, ph) and (w, pw)
+    along_y, along_x = _prototype_weights(geometry, (ph, pw), input_hw)  # once per image: (h, ph), (w, pw)
     reach_y, reach_x = _reach(along_y), _reach(along_x)
     for k in range(len(xyxy) - 1, -1, -1):  # the worst first: a better box's mask is painted over it
         x1, y1, x2, y2 = xyxy[k]
@@ -423,15 +422,19 @@ def _taps(src: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return i0, np.minimum(i0 + 1, n - 1), src - i0
 
 
-def _prototype_axes(orig_hw: tuple[int, int], proto_hw: tuple[int, int], input_hw: tuple[int, int],
-                    letterboxed: bool) -> tuple[_Axis, _Axis]:
-    """Ultralytics' process_mask_native (8.4): the prototypes (a quarter of the input, as YOLO gives them)
-    upsampled by the least of 1, 2, 4 that puts the letterbox's padding on whole pixels, the image's part
-    cropped (scale_masks' rounding), and resized to the image. Without a letterbox, the whole of them."""
-    (h, w), (ph, pw), (ih, iw) = orig_hw, proto_hw, input_hw
+def _prototype_weights(geometry: Geometry, proto_hw: tuple[int, int],
+                       input_hw: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+    """(h, ph) and (w, pw): the matrices taking prototype rows and columns of logits to the original's
+    pixels. After a letterbox, Ultralytics' process_mask_native (8.4): the prototypes (a quarter of the
+    input, as YOLO gives them) upsampled by the least of 1, 2, 4 that puts the padding on whole pixels,
+    the image's part cropped (scale_masks' rounding) and resized to the image. Otherwise (a stretch, a
+    crop) each original pixel's centre sampled through `geometry` (Ultralytics letterboxes always)."""
+    (h, w), (ph, pw), (ih, iw) = geometry.orig_hw, proto_hw, input_hw
     ratio = ih // ph
-    if not letterboxed or ratio < 1 or (ih, iw) != (ratio * ph, ratio * pw):
-        return _Axis(ph, 1, 0, ph, h), _Axis(pw, 1, 0, pw, w)
+    padded = geometry.left >= 0 and geometry.top >= 0 and (geometry.left or geometry.top)
+    if not padded or ratio < 1 or (ih, iw) != (ratio * ph, ratio * pw):
+        return (_sampled(h, ph, geometry.scale_y * ph / ih, geometry.top * ph / ih),
+                _sampled(w, pw, geometry.scale_x * pw / iw, geometry.left * pw / iw))
     gain = min(ih / h, iw / w)
     pad = (ih - max(round(h * gain), 1)) | (iw - max(round(w * gain), 1))
     f = ratio // math.gcd(ratio, pad | pad // 2)
@@ -439,4 +442,14 @@ def _prototype_axes(orig_hw: tuple[int, int], proto_hw: tuple[int, int], input_h
     gain2 = min(fh / h, fw / w)
     size_h, size_w = max(round(h * gain2), 1), max(round(w * gain2), 1)
     top, left = round((fh - size_h) / 2 - 0.1), round((fw - size_w) / 2 - 0.1)
-    return _Axis(ph, f, top, size_h, h), _Axis(pw, f, left, size_w, w)
+    return _Axis(ph, f, top, size_h, h).weights(0, h), _Axis(pw, f, left, size_w, w).weights(0, w)
+
+
+def _sampled(n_out: int, n_proto: int, scale: float, offset: float) -> np.ndarray:
+    """(n_out, n_proto): output pixel o's centre at prototype position (o + 0.5) x scale + offset,
+    sampled bilinearly (half-pixel centres, the edges repeated)."""
+    j0, j1, lam = _taps((np.arange(n_out) + 0.5) * scale + offset - 0.5, n_proto)
+    a = np.zeros((n_out, n_proto), np.float32)
+    np.add.at(a, (np.arange(n_out), j0), (1 - lam).astype(np.float32))
+    np.add.at(a, (np.arange(n_out), j1), lam.astype(np.float32))
+    return a
