@@ -409,8 +409,8 @@ class _Axis:
         for i, wi in ((i0, 1 - l2), (i1, l2)):
             r = (self.start + i).astype(np.float64)  # in the upsampled prototypes
             j0, j1, l1 = _taps((r + 0.5) / self.f - 0.5, self.n_proto)
-            np.add.at(a, (rows, j0), (wi * (1 - l1)).astype(np.float32))
-            np.add.at(a, (rows, j1), (wi * l1).astype(np.float32))
+            a[rows, j0] += wi * (1 - l1)  # each row once per statement: no index repeats within one
+            a[rows, j1] += wi * l1
         return a
 
 
@@ -450,6 +450,6 @@ def _sampled(n_out: int, n_proto: int, scale: float, offset: float) -> np.ndarra
     sampled bilinearly (half-pixel centres, the edges repeated)."""
     j0, j1, lam = _taps((np.arange(n_out) + 0.5) * scale + offset - 0.5, n_proto)
     a = np.zeros((n_out, n_proto), np.float32)
-    np.add.at(a, (np.arange(n_out), j0), (1 - lam).astype(np.float32))
-    np.add.at(a, (np.arange(n_out), j1), lam.astype(np.float32))
+    a[np.arange(n_out), j0] += 1 - lam  # each row once per statement: j0 == j1 at the edge adds up
+    a[np.arange(n_out), j1] += lam
     return a
