@@ -11,7 +11,7 @@ import numpy as np
 from sqlalchemy import Engine
 
 from worker.names import on_disk
-from worker.results import region_dicts
+from worker.results import instance_part, region_dicts
 from worker.store.queries import Filters, query_images
 from worker.tasks.segment import regions
 
@@ -128,11 +128,8 @@ def _size(doc: dict[str, Any]) -> tuple[int, int]:
 def _instance_shape(instances: np.ndarray, index: int, xyxy: list[float], rle: bool) -> dict[str, Any]:
     """A box's instance mask (its pixels equal to `index`, within the box) as COCO's segmentation
     (polygons, or `rle`) and area (its pixels)."""
-    h, w = instances.shape[:2]
-    u1, v1 = max(0, int(np.floor(xyxy[0]))), max(0, int(np.floor(xyxy[1])))
-    u2, v2 = min(w, int(np.ceil(xyxy[2]))), min(h, int(np.ceil(xyxy[3])))
-    part = (instances[v1:v2, u1:u2] == index).view(np.uint8)
-    shape = rle_of(part, (u1, v1), (h, w)) if rle else edge_polygons(part, (u1, v1))
+    part, at = instance_part(instances, index, xyxy)
+    shape = rle_of(part, at, instances.shape[:2]) if rle else edge_polygons(part, at)
     return {"segmentation": shape, "area": int(part.sum())}
 
 

@@ -172,6 +172,16 @@ class Detections:
 Result = Union[Mask, ClassMask, Classification, Detections]
 
 
+def instance_part(instances: np.ndarray, index: int, xyxy: Any) -> tuple[np.ndarray, tuple[int, int]]:
+    """A box's instance mask cut out of an instance map ((H, W), `index` where the box's mask is): its
+    pixels within the box (whole pixels it touches, where its mask can lie) as a 0/1 uint8 (h, w), and
+    where that part starts (x, y)."""
+    h, w = instances.shape[:2]
+    u1, v1 = max(0, int(np.floor(xyxy[0]))), max(0, int(np.floor(xyxy[1])))
+    u2, v2 = min(w, int(np.ceil(xyxy[2]))), min(h, int(np.ceil(xyxy[3])))
+    return (instances[v1:v2, u1:u2] == index).view(np.uint8), (u1, v1)
+
+
 def rotated_corners(xywhr: np.ndarray) -> np.ndarray:
     """(N, 5) cx, cy, w, h, angle -> (N, 4, 2) the corners, in Ultralytics' order (xywhr2xyxyxyxy)."""
     c, s = np.cos(xywhr[:, 4:5]), np.sin(xywhr[:, 4:5])

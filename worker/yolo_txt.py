@@ -10,7 +10,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from worker.results import Detections, rotated_corners
+from worker.results import Detections, instance_part, rotated_corners
 
 
 def yolo_txt(result: Detections) -> str:
@@ -45,11 +45,8 @@ def yolo_txt(result: Detections) -> str:
 def mask_outline(instances: np.ndarray, index: int, xyxy: tuple[float, float, float, float]) -> np.ndarray:
     """(P, 2) int x, y: the outline of the pixels equal to `index` within the box `xyxy` (where an
     instance's mask lies), its parts joined into one polygon; (0, 2) when there are none."""
-    h, w = instances.shape
-    u1, v1 = max(0, int(np.floor(xyxy[0]))), max(0, int(np.floor(xyxy[1])))
-    u2, v2 = min(w, int(np.ceil(xyxy[2]))), min(h, int(np.ceil(xyxy[3])))
-    part = (instances[v1:v2, u1:u2] == index).view(np.uint8)
-    contours, _ = cv2.findContours(part, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE, offset=(u1, v1))
+    part, at = instance_part(instances, index, xyxy)
+    contours, _ = cv2.findContours(part, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE, offset=at)
     return join_outlines([c.reshape(-1, 2) for c in contours])
 
 
