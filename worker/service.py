@@ -60,7 +60,12 @@ def _archive(cfg: Config, inputs: Disposition | None) -> Path | None:
 
 def low_disk(cfg: Config, inputs: Disposition | None) -> str | None:
     """What is low on room now among the filesystems the worker fills, as the status line says it."""
-    return LowDisk(filesystems(_written(cfg, inputs)), time.monotonic).check()
+    return _disks(cfg, inputs).check()
+
+
+def _disks(cfg: Config, inputs: Disposition | None) -> LowDisk:
+    """The filesystems the worker fills (outbox, archive, a SQLite database), watched for room."""
+    return LowDisk(filesystems(_written(cfg, inputs)), time.monotonic)
 
 
 def _written(cfg: Config, inputs: Disposition | None) -> list[tuple[str, Path]]:
@@ -208,7 +213,7 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
     finished = (lambda job, status: progress(1)) if progress is not None else None
     inputs = None if cfg.inputs.run == "keep" else cfg.inputs.run  # keep: no input stage, no commit waits
     # an overnight run has no status line: a disk running low is logged at once and every few minutes
-    disks = DiskAlarm(LowDisk(filesystems(_written(cfg, inputs)), time.monotonic), RUN_DISK_CHECK_S, time.monotonic)
+    disks = DiskAlarm(_disks(cfg, inputs), RUN_DISK_CHECK_S, time.monotonic)
     with open_pipeline(cfg, "run", folder, inputs, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         recovered = pipeline.recover(folder)
@@ -264,7 +269,7 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
     with open_pipeline(cfg, "watch", inbox, cfg.inputs.watch, on_finished=finished) as pipeline:
         t0 = time.perf_counter()
         pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
-        disks = LowDisk(filesystems(_written(cfg, cfg.inputs.watch)), time.monotonic)
+        disks = _disks(cfg, cfg.inputs.watch)
         if (low := disks.check()) is not None:  # said at start too: the first status line is minutes away
             log.warning("%s", low)
         status = StatusLog(cfg.watch.status_log_s, pipeline.counts, pipeline.depth,

@@ -25,9 +25,10 @@ def yolo_txt(result: Detections) -> str:
     the box)."""
     w, h = result.image_size
     lines = []
+    corners = rotated_corners(result.rotated) if result.rotated is not None else None
     for k, ((x1, y1, x2, y2), c, s) in enumerate(zip(result.xyxy, result.class_ids, result.scores)):
-        if result.rotated is not None:  # Ultralytics' oriented box: its 4 corners
-            values = " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in rotated_corners(result.rotated[k:k + 1])[0])
+        if corners is not None:  # Ultralytics' oriented box: its 4 corners
+            values = " ".join(f"{x / w:.6f} {y / h:.6f}" for x, y in corners[k])
         elif result.instances is None:
             values = f"{(x1 + x2) / 2 / w:.6f} {(y1 + y2) / 2 / h:.6f} {(x2 - x1) / w:.6f} {(y2 - y1) / h:.6f}"
             if result.keypoints is not None:  # Ultralytics' pose line: each point's x, y (and visibility) after

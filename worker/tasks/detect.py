@@ -27,7 +27,7 @@ def decode_rows(output: np.ndarray, layout: str, classes: int = 0, input_hw: tup
     `input_hw`: the network input's size, which fractions are of; `box_format` and `box_units`: how an
     end2end output gives its boxes (the other layouts fix them)."""
     if layout == "end2end":  # the model's own boxes, best class and score; [6, K] as some tools give it
-        rows = output.T if output.shape[0] == 6 and output.shape[1] != 6 else output
+        rows = _end2end_rows(output, 0)
         boxes, class_ids, scores = rows[:, :4], np.rint(rows[:, 5]), rows[:, 4]
     else:  # YOLO rows and DETR queries: cx, cy, w, h (DETR's as fractions), then the classes' scores
         box_format, box_units = "cxcywh", "fractions" if layout == "detr" else "pixels"
