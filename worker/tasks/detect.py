@@ -299,9 +299,7 @@ class Detector(CardPreprocessing):
             keep = classwise_nms(xyxy, class_ids, scores, p.iou)[:p.max_detections]  # best first
         xyxy, class_ids, scores = xyxy[keep], class_ids[keep], scores[keep]
         h, w = geometry.orig_hw
-        xyxy = xyxy.copy()
-        xyxy[:, [0, 2]] = np.clip((xyxy[:, [0, 2]] - geometry.left) / geometry.scale_x, 0, w)
-        xyxy[:, [1, 3]] = np.clip((xyxy[:, [1, 3]] - geometry.top) / geometry.scale_y, 0, h)
+        xyxy = geometry.to_original(xyxy.reshape(-1, 2, 2), clip=True).reshape(-1, 4)  # both corners
         instances = keypoints = None
         if protos is not None:
             instances = instance_masks(tail[sel][keep], protos, xyxy, geometry, self.size)
@@ -316,8 +314,8 @@ class Detector(CardPreprocessing):
         """An oriented-box detector's candidates (cx, cy, w, h in input pixels, the angle, class, score)
         -> its boxes, as Ultralytics' OBBPredictor gives them: suppressed by probabilistic IoU
         (`rotated_nms`; NMS-free rows as they are), the best `max_detections`, then centre and sides mapped
-        back through the
-        letterbox (each side by its axis's scale) and the angle kept; `xyxy` each one's bounding box."""
+        back through the letterbox (each side by its axis's scale) and the angle kept; `xyxy` each one's
+        bounding box."""
         p = self.card.postprocess
         xywhr = np.concatenate([xywh, angles[:, None]], axis=1).astype(np.float32)
         if p.layout == "end2end":  # one box per object already
@@ -325,8 +323,7 @@ class Detector(CardPreprocessing):
         else:
             keep = rotated_nms(xywhr, class_ids, scores, p.iou)[:p.max_detections]
         xywhr, class_ids, scores = xywhr[keep], class_ids[keep], scores[keep]
-        xywhr[:, 0] = (xywhr[:, 0] - geometry.left) / geometry.scale_x
-        xywhr[:, 1] = (xywhr[:, 1] - geometry.top) / geometry.scale_y
+        xywhr[:, :2] = geometry.to_original(xywhr[:, :2])
         xywhr[:, 2] /= geometry.scale_x
         xywhr[:, 3] /= geometry.scale_y
         corners = rotated_corners(xywhr)
@@ -345,9 +342,7 @@ class Detector(CardPreprocessing):
         if self.card.postprocess.box_units == "fractions":
             points[:, :, 0] *= self.size[1]
             points[:, :, 1] *= self.size[0]
-        h, w = geometry.orig_hw
-        points[:, :, 0] = np.clip((points[:, :, 0] - geometry.left) / geometry.scale_x, 0, w)
-        points[:, :, 1] = np.clip((points[:, :, 1] - geometry.top) / geometry.scale_y, 0, h)
+        points[:, :, :2] = geometry.to_original(points[:, :, :2], clip=True)
         return points
 
 

@@ -20,6 +20,13 @@ class Geometry:
     left: int = 0
     top: int = 0
 
+    def to_original(self, xy: np.ndarray, clip: bool = False) -> np.ndarray:
+        """(..., 2) x, y in network-input pixels -> the same in the original's (`clip`: within it)."""
+        x, y = (xy[..., 0] - self.left) / self.scale_x, (xy[..., 1] - self.top) / self.scale_y
+        if clip:
+            x, y = np.clip(x, 0, self.orig_hw[1]), np.clip(y, 0, self.orig_hw[0])
+        return np.stack([x, y], axis=-1)
+
     def rescaled(self, orig_hw: tuple[int, int]) -> "Geometry":
         """The same mapping for an image that was decoded smaller than its original size orig_hw."""
         fy, fx = orig_hw[0] / self.orig_hw[0], orig_hw[1] / self.orig_hw[1]
