@@ -72,6 +72,10 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
     ("detect", "postprocess: {layout: yolov8, box_format: yxyx}",
      "'postprocess.box_format' and 'box_units' apply to a detector's layout end2end"),
     ("classify", "postprocess: {box_units: fractions}", "'postprocess.box_format' and 'box_units' apply"),
+    ("detect", "postprocess: {layout: yolov8, activation: sigmoid}",
+     "'postprocess.activation' applies to classify and segment models, and to a detector of layout detr as "
+     "'sigmoid' \\(class logits, as RF-DETR exports them\\)"),
+    ("detect", "postprocess: {layout: detr, activation: softmax}", "'postprocess.activation' applies to classify"),
 ])
 def test_a_cards_values_are_checked_naming_the_card(tmp_path: Path, task: str, section: str, message: str) -> None:
     p = tmp_path / "m" / "model.yaml"

@@ -320,3 +320,45 @@ def _on_golden(tmp_path: Path, name: str, postprocess: str):
     _, geometry = resize_for(np.zeros((h, w, 3), np.uint8), card.preprocess, (320, 320))
     detector.check_output(golden["raw"])
     return detector.postprocess(golden["raw"], geometry), golden, (h, w)
+
+
+@pytest.mark.parametrize("checkpoint, labels", [("finetuned", 3), ("coco", 91)])
+def test_rfdetr_pairs_match_rfdetr_own(tmp_path: Path, checkpoint: str, labels: int) -> None:
+    """RF-DETR's two outputs, joined (`outputs: [dets, labels]`) and read as logits (`activation: sigmoid`),
+    against what RF-DETR 1.11.2's own decoder made of the same numbers for a 427x640 photo
+    (tests/make_rfdetr_decode.py): every query/class pair over the threshold a box, best first, the best
+    300; a fine-tuned model's last slot (one more than its labels) its background, never a box; a COCO
+    checkpoint's 91 slots all named. The greedy reading, each query's best class, keeps fewer."""
+    from worker.models.card import load_card
+    from worker.tasks import adapter_for
+    from worker.tasks.preprocess import resize_for
+
+    golden = np.load(ROOT / "tests" / "data" / "rfdetr_decode.npz")
+    names = ", ".join(f"c{i}" for i in range(labels))
+    (tmp_path / "model.yaml").write_text(
+        "name: rfdetr\ntask: detect\nonnx: rfdetr.onnx\ninput: {name: input, size: [384, 384]}\n"
+        "preprocess: {color: rgb, resize: stretch, mean: [123.675, 116.28, 103.53], std: [58.395, 57.12, 57.375]}\n"
+        "postprocess: {outputs: [dets, labels], layout: detr, activation: sigmoid, threshold: 0.5}\n"
+        f"labels: [{names}]\n")
+    detector = adapter_for(load_card(tmp_path / "model.yaml"))
+    h, w = (int(v) for v in golden["shape"])
+    _, geometry = resize_for(np.zeros((h, w, 3), np.uint8), detector.card.preprocess, (384, 384))
+    rows = np.concatenate([golden[f"{checkpoint}_dets"], golden[f"{checkpoint}_labels"]], axis=1)
+    detector.check_output(rows)
+    result = detector.postprocess(rows, geometry)
+    assert len(result.scores) == len(golden[f"{checkpoint}_scores"]) >= 40
+    assert np.array_equal(result.class_ids, golden[f"{checkpoint}_class_id"])
+    assert np.allclose(result.scores, golden[f"{checkpoint}_scores"], atol=1e-6)
+    assert np.abs(result.xyxy - golden[f"{checkpoint}_xyxy"]).max() < 1e-3
+    assert result.names[0] == f"c{result.class_ids[0]}"
+    assert len(set(golden[f"{checkpoint}_query"].tolist())) < len(result.scores)  # queries giving two boxes
+    if checkpoint == "finetuned":  # the background slot scores over the threshold somewhere: still no box
+        assert (golden["finetuned_labels"][:, 3] > 0).any() and result.class_ids.max() < 3
+    wrong = dataclasses.replace(detector.card, labels=("a", "b"))
+    with pytest.raises(ModelError, match=r"lists 2 labels.* has \d+ classes \(or one more, the last, read as the "
+                                         r"background slot RF-DETR adds\)"):
+        adapter_for(wrong).check_output(rows)
+    plain = dataclasses.replace(detector.card, postprocess=dataclasses.replace(detector.card.postprocess,
+                                                                               activation=None))
+    with pytest.raises(ModelError, match=r"logits, as RF-DETR exports them\? postprocess.activation: sigmoid"):
+        adapter_for(plain).check_output(rows)

@@ -125,7 +125,9 @@ class Postprocess:
     obb: bool = False
     # what turns the output into probabilities: classify applies softmax unless told otherwise (`none`
     # for a model that ends in Softmax); segment takes the output as probabilities unless told
-    # (`sigmoid` for a one-map model that outputs logits; `softmax` over the classes of a multi-class one)
+    # (`sigmoid` for a one-map model that outputs logits; `softmax` over the classes of a multi-class one);
+    # detect, layout detr: `sigmoid` for class logits (RF-DETR's): then every query/class pair above the
+    # threshold is a box, as RF-DETR selects them, where probabilities give each query's best class
     activation: Literal["softmax", "sigmoid", "none"] | None = None
 
     @property
@@ -334,8 +336,10 @@ def load_card(path: Path) -> ModelCard:
     if card.input.sizes and card.input.sizes == card.input.name:
         raise ConfigError(f"{path}: 'input.sizes' names the image input '{card.input.name}'; it names the "
                           f"model's second input, the one that takes image sizes")
-    if card.task == "detect" and card.postprocess.activation is not None:
-        raise ConfigError(f"{path}: 'postprocess.activation' applies to classify and segment models only")
+    if card.task == "detect" and card.postprocess.activation is not None and \
+            (card.postprocess.layout != "detr" or card.postprocess.activation != "sigmoid"):
+        raise ConfigError(f"{path}: 'postprocess.activation' applies to classify and segment models, and to a "
+                          f"detector of layout detr as 'sigmoid' (class logits, as RF-DETR exports them)")
     return card
 
 

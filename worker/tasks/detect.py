@@ -181,6 +181,14 @@ class Detector(CardPreprocessing):
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}{masks}; "
                              f"output '{self.card.postprocess.named}' is {list(output.shape)}")
         rows = output if axis == 1 else output.T
+        if layout == "detr" and self.card.postprocess.activation == "sigmoid":  # logits: any value is one
+            rows, background = self._query_rows(output)
+            classes, labels = rows.shape[1] - 4, len(self.card.labels)
+            if labels and classes not in (labels, labels + 1):
+                raise ModelError(f"model '{self.card.name}': the card lists {labels} labels, but output "
+                                 f"'{self.card.postprocess.named}' {tuple(output.shape)} has {classes} classes "
+                                 f"(or one more, the last, read as the background slot RF-DETR adds)")
+            return
         if protos is None and not kd and layout in ("yolov5", "yolov8") and \
                 (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
             raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
@@ -251,6 +259,9 @@ class Detector(CardPreprocessing):
             shape = f"[{more // 3}, 3]" if more % 3 == 0 else f"[{more // 2}, 2]" if more % 2 == 0 else "[K, D]"
             return (f"{said}: keypoints, as a pose model such as YOLOv8-pose gives them? Name their shape in the "
                     f"card (the model's kpt_shape), postprocess.keypoints: {shape}")
+        if self.card.postprocess.layout == "detr":
+            return (f"values {span} where class probabilities (0 to 1) should be: logits, as RF-DETR exports "
+                    f"them? postprocess.activation: sigmoid reads them so")
         return (f"values {span} where class scores (0 to 1) should be: not a detector's rows as layout "
                 f"{self.card.postprocess.layout} reads them (a pose model's keypoints? postprocess.keypoints: "
                 f"[K, D] names them; an oriented box's angle? postprocess.obb: true; or scores before their "
@@ -278,6 +289,8 @@ class Detector(CardPreprocessing):
     def postprocess(self, output: ModelOutput, geometry: Geometry) -> Detections:
         p = self.card.postprocess
         rows, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
+        if p.layout == "detr" and p.activation == "sigmoid":
+            return self._query_pairs(rows, geometry)
         kd = self._keypoint_values()
         extra = len(protos) if protos is not None else kd or int(p.obb)
         tail = np.zeros((0, 0), np.float32)  # each row's mask coefficients, keypoints or angle: split off its end
@@ -332,6 +345,35 @@ class Detector(CardPreprocessing):
         xyxy = np.clip(xyxy, 0, [w, h, w, h]).astype(np.float32)
         return Detections(xyxy=xyxy, class_ids=class_ids, scores=scores,
                           names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h), rotated=xywhr)
+
+    def _query_rows(self, output: np.ndarray) -> tuple[np.ndarray, bool]:
+        """A DETR output of class logits as (Q, 4 + C) rows, and whether its last class is a background slot:
+        one class more than the card's labels, as an RF-DETR fine-tuned on N classes gives N + 1 (never a box:
+        RF-DETR's own ONNX decoder leaves it out too)."""
+        labels = len(self.card.labels)
+        background = bool(labels) and 5 + labels in output.shape and 4 + labels not in output.shape
+        return (output.T if _anchors_last(output, labels + background) else output), background
+
+    def _query_pairs(self, output: np.ndarray, geometry: Geometry) -> Detections:
+        """A DETR's queries with class logits, (Q, 4 + C): cx, cy, w, h as fractions of the input, then C
+        logits (RF-DETR's `dets` and `labels` joined) -> its boxes as RF-DETR's postprocessing selects them:
+        each logit's sigmoid, every query/class pair at or above the threshold a box (a query's classes are
+        independent: it can give one per class), best first (ties by query, then class), at most
+        `max_detections`; no NMS. Boxes mapped back to the original and clipped to it."""
+        p = self.card.postprocess
+        rows, background = self._query_rows(output)
+        logits = rows[:, 4:rows.shape[1] - background].astype(np.float32)
+        scores = 1 / (1 + np.exp(-np.clip(logits, -88, 88)))  # float32, as RF-DETR's; clipped: no overflow
+        queries, class_ids = np.nonzero(scores >= p.threshold)  # in order of query, then class
+        picked = scores[queries, class_ids]
+        order = np.argsort(-picked, kind="stable")[:p.max_detections]
+        queries, class_ids, picked = queries[order], class_ids[order].astype(np.int64), picked[order]
+        xyxy = _as_xyxy(rows[queries, :4].astype(np.float32), "cxcywh") * np.array([self.size[1], self.size[0]] * 2,
+                                                                                  np.float32)
+        xyxy = geometry.to_original(xyxy.reshape(-1, 2, 2), clip=True).reshape(-1, 4)
+        h, w = geometry.orig_hw
+        return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=picked,
+                          names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h))
 
     def _keypoints(self, values: np.ndarray, geometry: Geometry) -> np.ndarray:
         """(N, K x D) keypoint values of the kept boxes, in input pixels (or fractions of the input, as an
