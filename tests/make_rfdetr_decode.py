@@ -36,7 +36,7 @@ def rfdetr_runtime() -> types.ModuleType:
         package = types.ModuleType(name)
         package.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
         sys.modules[name] = package
-    import rfdetr.export._runtime.decode as decode
+    from rfdetr.export._runtime import decode
 
     return decode
 

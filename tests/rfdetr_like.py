@@ -19,7 +19,9 @@ SIZE, PATCH, QUERIES, SLOTS = 384, 16, 300, 4  # 3 classes and the background sl
 LABELS = ("a", "b", "c")
 
 
-def build(path: Path, seed: int = 38) -> None:
+def build(path: Path, seed: int = 38, masks: bool = False) -> None:
+    """The model at `path`; `masks`: RF-DETR-Seg's third output too, `masks` (1, 300, 24, 24), each query's
+    mask logits: a disc about its patch, shifted by the picture's mean level."""
     from worker.models.onnx_graph import GraphBuilder
 
     rng = np.random.default_rng(seed)
@@ -39,8 +41,14 @@ def build(path: Path, seed: int = 38) -> None:
                                              g.const(bias)])], name="dets")
     logits = g.node("Add", [g.node("MatMul", [hidden, g.const(rng.normal(0, 2.0, (8, SLOTS)))]),
                             g.const(rng.normal(-3.0, 1.0, (QUERIES, SLOTS)))], name="labels")
-    g.save(path, "input", [1, 3, SIZE, SIZE], [(dets, [1, QUERIES, 4]), (logits, [1, QUERIES, SLOTS])],
-           "RF-DETR's inputs and outputs, untrained (tests/rfdetr_like.py)")
+    outputs: list[tuple[str, list[int]]] = [(dets, [1, QUERIES, 4]), (logits, [1, QUERIES, SLOTS])]
+    if masks:
+        y, x = np.mgrid[0:grid, 0:grid] + 0.5
+        disc = 3.0 - ((x[None] - (cell % grid + 0.5)[:, None, None]) ** 2
+                      + (y[None] - (cell // grid + 0.5)[:, None, None]) ** 2)  # (300, 24, 24): above 0 within ~1.7
+        level = g.node("ReduceMean", ["input"], axes=[1, 2, 3], keepdims=1)  # (1, 1, 1, 1)
+        outputs.append((g.node("Add", [g.const(disc[None]), level], name="masks"), [1, QUERIES, grid, grid]))
+    g.save(path, "input", [1, 3, SIZE, SIZE], outputs, "RF-DETR's inputs and outputs, untrained (tests/rfdetr_like.py)")
 
 
 CARD = f"""name: rfdetr-like
@@ -51,3 +59,26 @@ preprocess: {{color: rgb, resize: stretch, mean: [123.675, 116.28, 103.53], std:
 postprocess: {{outputs: [dets, labels], layout: detr, activation: sigmoid, threshold: 0.5}}
 labels: [{", ".join(LABELS)}]
 """
+
+
+def made_up_seg(queries: int = 100, slots: int = 4, mask_hw: tuple[int, int] = (78, 78),
+                seed: int = 38) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One image's RF-DETR-Seg outputs, made up (uniform draws only, the same under any NumPy): `dets`
+    (Q, 4) cx, cy, w, h fractions, `labels` (Q, slots) logits (some queries over 0.5 on two classes, some
+    on the background slot), `masks` (Q, h, w) logits: a blob about each query's box, above 0 roughly
+    within it, with a ripple that gives it ragged, sometimes broken, edges (RF-DETR-Seg Nano: 100
+    queries, 78x78 masks at 312 px)."""
+    rng = np.random.default_rng(seed)
+    cx, cy = rng.uniform(0.1, 0.9, queries), rng.uniform(0.1, 0.9, queries)
+    bw, bh = rng.uniform(0.05, 0.4, queries), rng.uniform(0.05, 0.4, queries)
+    labels = rng.uniform(-8.0, 1.0, (queries, slots))
+    two = rng.choice(queries, 6, replace=False)
+    labels[two, :2] = rng.uniform(0.2, 3.0, (6, 2))
+    mh, mw = mask_hw
+    y, x = (np.arange(mh) + 0.5) / mh, (np.arange(mw) + 0.5) / mw
+    dy = (y[None, :, None] - cy[:, None, None]) / (bh[:, None, None] / 2)
+    dx = (x[None, None, :] - cx[:, None, None]) / (bw[:, None, None] / 2)
+    phase = rng.uniform(0, 2 * np.pi, (queries, 1, 1))
+    masks = 4.0 * (1.0 - dx ** 2 - dy ** 2) + 1.5 * np.sin(9 * x[None, None, :] + 7 * y[None, :, None] + phase)
+    dets = np.stack([cx, cy, bw, bh], 1)
+    return dets.astype(np.float32), labels.astype(np.float32), masks.astype(np.float32)

@@ -76,6 +76,10 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
      "'postprocess.activation' applies to classify and segment models, and to a detector of layout detr as "
      "'sigmoid' \\(class logits, as RF-DETR exports them\\)"),
     ("detect", "postprocess: {layout: detr, activation: softmax}", "'postprocess.activation' applies to classify"),
+    ("detect", "postprocess: {layout: detr, masks: masks}",
+     "'postprocess.masks' names .* or each query's mask for layout detr with activation: sigmoid \\(as RF-DETR-Seg"),
+    ("detect", "postprocess: {layout: detr, activation: sigmoid, outputs: [dets, masks], masks: masks}",
+     "'postprocess.masks' names the prototype masks, a second output"),
 ])
 def test_a_cards_values_are_checked_naming_the_card(tmp_path: Path, task: str, section: str, message: str) -> None:
     p = tmp_path / "m" / "model.yaml"

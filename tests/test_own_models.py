@@ -1156,3 +1156,33 @@ def test_an_rfdetr_export_gives_what_rfdetrs_own_inference_gives(own, samples: P
             got.remove(near[0])
         assert all(abs(s - 0.5) < 0.01 for _, s, _ in got), f"{name}: boxes RF-DETR does not give: {got}"
     assert twice >= 5
+
+
+def test_an_rfdetr_seg_export_gives_each_box_its_querys_mask(own, samples: Path) -> None:
+    """RF-DETR-Seg's three outputs (`dets`, `labels`, `masks`: each query's mask logits) through `worker run`:
+    each box gets its query's mask, resized to the photo, in the mask PNG and as its `mask_pixels`; a query
+    giving two boxes paints its mask once, for its better class."""
+    import shutil
+
+    from tests.rfdetr_like import CARD, build
+
+    cfg, models, images = own
+    (models / "rfdetr-like").mkdir(parents=True)
+    (models / "rfdetr-like" / "model.yaml").write_text(
+        CARD.replace("layout: detr", "masks: masks, layout: detr"))
+    build(models / "rfdetr-like" / "rfdetr-like.onnx", masks=True)
+    shutil.copy(samples / "coffee.png", images / "coffee.png")
+    assert run_folder(dataclasses.replace(cfg, model="rfdetr-like"), images).figures["done"] == 1
+    document = json.loads((cfg.outbox / "coffee.png.json").read_text())
+    painted = cv2.imread(str(cfg.outbox / document["mask"]), cv2.IMREAD_UNCHANGED)
+    assert painted.shape == (400, 600)
+    boxes = document["boxes"]
+    assert len(boxes) == 48 and sum(b["mask_pixels"] > 0 for b in boxes) >= 40
+    for k, b in enumerate(boxes):
+        assert b["mask_pixels"] == int((painted == k + 1).sum())
+    first: dict[tuple[float, ...], int] = {}
+    for k, b in enumerate(boxes):  # the worse of a query's two boxes has nothing left to paint
+        if tuple(b["xyxy"]) in first:
+            assert b["mask_pixels"] == 0 and boxes[first[tuple(b["xyxy"])]]["mask_pixels"] > 0
+        first.setdefault(tuple(b["xyxy"]), k)
+    assert len(first) < len(boxes)

@@ -11,6 +11,7 @@ import pytest
 
 from tests.conftest import CACHE, REFERENCE, ROOT, run_on
 from worker.errors import ModelError
+from worker.model_output import Paired
 from worker.models.card import find_card
 from worker.tasks.detect import Detector, classwise_nms, decode_rows
 from worker.tasks.preprocess import Geometry
@@ -362,3 +363,43 @@ def test_rfdetr_pairs_match_rfdetr_own(tmp_path: Path, checkpoint: str, labels: 
                                                                                activation=None))
     with pytest.raises(ModelError, match=r"logits, as RF-DETR exports them\? postprocess.activation: sigmoid"):
         adapter_for(plain).check_output(rows)
+
+
+def test_rfdetr_seg_masks_match_rfdetr_own(tmp_path: Path) -> None:
+    """RF-DETR-Seg's outputs (tests/rfdetr_like.py's made-up 100 queries: boxes, logits of 3 classes and
+    the background slot, 78x78 mask logits each) for a 427x640 photo, against what RF-DETR 1.11.2's own
+    PostProcess (predict()'s) made of them (tests/make_rfdetr_masks.py): the same boxes, classes and
+    scores; each box's mask its query's logits resized to the photo, not cropped to the box, painted
+    worst first into one map: the same pixels. A query's second class gets what its first leaves: none."""
+    from tests.rfdetr_like import made_up_seg
+    from worker.models.card import load_card
+    from worker.tasks import adapter_for
+    from worker.tasks.preprocess import resize_for
+
+    golden = np.load(ROOT / "tests" / "data" / "rfdetr_masks.npz")
+    (tmp_path / "model.yaml").write_text(
+        "name: rfdetr-seg\ntask: detect\nonnx: rfdetr-seg.onnx\ninput: {name: input, size: [312, 312]}\n"
+        "preprocess: {color: rgb, resize: stretch, mean: [123.675, 116.28, 103.53], std: [58.395, 57.12, 57.375]}\n"
+        "postprocess: {outputs: [dets, labels], masks: masks, layout: detr, activation: sigmoid, threshold: 0.5}\n"
+        "labels: [a, b, c]\n")
+    detector = adapter_for(load_card(tmp_path / "model.yaml"))
+    h, w = (int(v) for v in golden["shape"])
+    _, geometry = resize_for(np.zeros((h, w, 3), np.uint8), detector.card.preprocess, (312, 312))
+    dets, labels, masks = made_up_seg()
+    output = Paired(np.concatenate([dets, labels], axis=1), masks)
+    detector.check_output(output)
+    result = detector.postprocess(output, geometry)
+    assert len(result.scores) == len(golden["scores"]) >= 30
+    assert np.array_equal(result.class_ids, golden["class_id"])
+    assert np.allclose(result.scores, golden["scores"], atol=1e-6)
+    assert np.abs(result.xyxy - golden["xyxy"]).max() < 1e-3
+    assert result.instances is not None
+    assert np.array_equal(result.instances, golden["painted"])
+    # RF-DETR's masks reach past their boxes (Ultralytics' would be cut at them)
+    k = int(np.argmax(golden["pixels"]))
+    ys, xs = np.nonzero(result.instances == k + 1)
+    x1, y1, x2, y2 = result.xyxy[k]
+    assert xs.min() < x1 - 1 or xs.max() > x2 + 1 or ys.min() < y1 - 1 or ys.max() > y2 + 1
+    with pytest.raises(ModelError, match=r"output 'masks' \[99, 78, 78\] .* is not one mask per query of output "
+                                         r"'dets, labels' \(100, 8\) \(100 queries\), as RF-DETR-Seg gives them"):
+        detector.check_output(Paired(output.rows, masks[:99]))

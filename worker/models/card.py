@@ -114,7 +114,8 @@ class Postprocess:
     output_layout: Literal["nchw", "nhwc"] = "nchw"
     max_detections: int = 300  # detect: the best this many boxes after NMS (Ultralytics' max_det)
     # detect, yolov5, yolov8 or end2end: an instance segmenter's prototype masks (N, M, h, w), the output
-    # a YOLOv8-seg or YOLO26-seg export calls output1; each box's rows then end in its M mask coefficients
+    # a YOLOv8-seg or YOLO26-seg export calls output1; each box's rows then end in its M mask coefficients.
+    # detr with activation: sigmoid: each query's own mask logits (N, Q, h, w), RF-DETR-Seg's `masks`
     masks: str = ""
     # detect, yolov5, yolov8 or end2end: a pose model's keypoints, [K, D] (Ultralytics' kpt_shape: K
     # points of x, y and, with D = 3, visibility 0-1); each box's row then ends in its K x D values
@@ -313,12 +314,15 @@ def load_card(path: Path) -> ModelCard:
             (card.task != "detect" or card.postprocess.layout != "end2end"):
         raise ConfigError(f"{path}: 'postprocess.box_format' and 'box_units' apply to a detector's layout end2end "
                           f"(the other layouts fix them)")
-    if card.postprocess.masks and (card.task != "detect" or card.postprocess.outputs
-                                   or card.postprocess.layout not in ("yolov5", "yolov8", "end2end")):
+    query_masks = card.postprocess.layout == "detr" and card.postprocess.activation == "sigmoid"  # RF-DETR-Seg's
+    if card.postprocess.masks and (card.task != "detect" or (card.postprocess.outputs and not query_masks)
+                                   or card.postprocess.layout not in ("yolov5", "yolov8", "end2end", "detr")
+                                   or (card.postprocess.layout == "detr" and not query_masks)):
         raise ConfigError(f"{path}: 'postprocess.masks' names an instance segmenter's prototype masks, for a "
                           f"detector's layout yolov5, yolov8 or end2end (as YOLOv8-seg and YOLO26-seg exports give "
-                          f"them: output1)")
-    if card.postprocess.masks and card.postprocess.masks == card.postprocess.output:
+                          f"them: output1), or each query's mask for layout detr with activation: sigmoid (as "
+                          f"RF-DETR-Seg exports give them: masks)")
+    if card.postprocess.masks and card.postprocess.masks in (card.postprocess.output, *card.postprocess.outputs):
         raise ConfigError(f"{path}: 'postprocess.masks' names the prototype masks, a second output; "
                           f"'postprocess.output' the boxes' rows (output0)")
     kp = card.postprocess.keypoints

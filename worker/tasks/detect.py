@@ -149,6 +149,9 @@ class Detector(CardPreprocessing):
     def check_output(self, output: ModelOutput, others: OtherOutputs = ()) -> None:
         layout = self.card.postprocess.layout
         output, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
+        if layout == "detr" and self.card.postprocess.activation == "sigmoid":  # logits: any value is one
+            self._check_query_logits(output, protos)
+            return
         kd = self._keypoint_values()
         points = f", then K x D = {kd} keypoint values (postprocess.keypoints)" if kd else ""
         m = len(protos) if protos is not None else 0
@@ -181,14 +184,6 @@ class Detector(CardPreprocessing):
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}{masks}; "
                              f"output '{self.card.postprocess.named}' is {list(output.shape)}")
         rows = output if axis == 1 else output.T
-        if layout == "detr" and self.card.postprocess.activation == "sigmoid":  # logits: any value is one
-            rows, background = self._query_rows(output)
-            classes, labels = rows.shape[1] - 4, len(self.card.labels)
-            if labels and classes not in (labels, labels + 1):
-                raise ModelError(f"model '{self.card.name}': the card lists {labels} labels, but output "
-                                 f"'{self.card.postprocess.named}' {tuple(output.shape)} has {classes} classes "
-                                 f"(or one more, the last, read as the background slot RF-DETR adds)")
-            return
         if protos is None and not kd and layout in ("yolov5", "yolov8") and \
                 (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
             raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
@@ -201,6 +196,24 @@ class Detector(CardPreprocessing):
         if self.card.postprocess.obb:
             self._check_angles(rows[:, -1])
         check_labels(self.card, output.shape[axis] - per_row - extra, output)
+
+    def _check_query_logits(self, output: np.ndarray, protos: np.ndarray | None) -> None:
+        """A DETR output of class logits (RF-DETR's): [Q, 4+C] or [4+C, Q], C the card's labels or one more
+        (the background slot); RF-DETR-Seg's masks one per query."""
+        if output.ndim != 2 or min(output.shape) <= 4:
+            raise ModelError(f"model '{self.card.name}': layout detr needs one image's output as [Q, 4+C] (or "
+                             f"[4+C, Q]); output '{self.card.postprocess.named}' is {list(output.shape)}")
+        rows, background = self._query_rows(output)
+        classes, labels = rows.shape[1] - 4, len(self.card.labels)
+        if labels and classes not in (labels, labels + 1):
+            raise ModelError(f"model '{self.card.name}': the card lists {labels} labels, but output "
+                             f"'{self.card.postprocess.named}' {tuple(output.shape)} has {classes} classes "
+                             f"(or one more, the last, read as the background slot RF-DETR adds)")
+        if protos is not None and len(protos) != len(rows):
+            raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.masks}' "
+                             f"{list(protos.shape)} (the card's postprocess.masks) is not one mask per query "
+                             f"of output '{self.card.postprocess.named}' {tuple(output.shape)} ({len(rows)} "
+                             f"queries), as RF-DETR-Seg gives them")
 
     def _check_angles(self, angles: np.ndarray, end2end: bool = False) -> None:
         """An oriented-box detector's angles from the warm-up: YOLOv8-obb gives (sigmoid - 0.25) x pi,
@@ -290,7 +303,7 @@ class Detector(CardPreprocessing):
         p = self.card.postprocess
         rows, protos = (output.rows, output.protos) if isinstance(output, Paired) else (output, None)
         if p.layout == "detr" and p.activation == "sigmoid":
-            return self._query_pairs(rows, geometry)
+            return self._query_pairs(rows, protos, geometry)
         kd = self._keypoint_values()
         extra = len(protos) if protos is not None else kd or int(p.obb)
         tail = np.zeros((0, 0), np.float32)  # each row's mask coefficients, keypoints or angle: split off its end
@@ -354,26 +367,30 @@ class Detector(CardPreprocessing):
         background = bool(labels) and 5 + labels in output.shape and 4 + labels not in output.shape
         return (output.T if _anchors_last(output, labels + background) else output), background
 
-    def _query_pairs(self, output: np.ndarray, geometry: Geometry) -> Detections:
+    def _query_pairs(self, output: np.ndarray, masks: np.ndarray | None, geometry: Geometry) -> Detections:
         """A DETR's queries with class logits, (Q, 4 + C): cx, cy, w, h as fractions of the input, then C
         logits (RF-DETR's `dets` and `labels` joined) -> its boxes as RF-DETR's postprocessing selects them:
         each logit's sigmoid, every query/class pair at or above the threshold a box (a query's classes are
         independent: it can give one per class), best first (ties by query, then class), at most
-        `max_detections`; no NMS. Boxes mapped back to the original and clipped to it."""
+        `max_detections` and at most Q (RF-DETR's num_select is its query count); no NMS. Boxes mapped back
+        to the original and clipped to it; with `masks` (Q, h, w), RF-DETR-Seg's mask logits per query,
+        each box gets its query's (`query_masks`)."""
         p = self.card.postprocess
         rows, background = self._query_rows(output)
         logits = rows[:, 4:rows.shape[1] - background].astype(np.float32)
         scores = 1 / (1 + np.exp(-np.clip(logits, -88, 88)))  # float32, as RF-DETR's; clipped: no overflow
         queries, class_ids = np.nonzero(scores >= p.threshold)  # in order of query, then class
         picked = scores[queries, class_ids]
-        order = np.argsort(-picked, kind="stable")[:p.max_detections]
+        order = np.argsort(-picked, kind="stable")[:min(p.max_detections, len(rows))]  # RF-DETR takes Q at most
         queries, class_ids, picked = queries[order], class_ids[order].astype(np.int64), picked[order]
         xyxy = _as_xyxy(rows[queries, :4].astype(np.float32), "cxcywh") * np.array([self.size[1], self.size[0]] * 2,
                                                                                   np.float32)
         xyxy = geometry.to_original(xyxy.reshape(-1, 2, 2), clip=True).reshape(-1, 4)
         h, w = geometry.orig_hw
+        instances = query_masks(masks[queries], geometry, self.size) if masks is not None else None
         return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=picked,
-                          names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h))
+                          names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h),
+                          instances=instances)
 
     def _keypoints(self, values: np.ndarray, geometry: Geometry) -> np.ndarray:
         """(N, K x D) keypoint values of the kept boxes, in input pixels (or fractions of the input, as an
@@ -417,6 +434,36 @@ def instance_masks(coefficients: np.ndarray, protos: np.ndarray, xyxy: np.ndarra
         r1, r2, c1, c2 = reach_y[0][v1], reach_y[1][v2 - 1], reach_x[0][u1], reach_x[1][u2 - 1]
         logits = np.tensordot(coefficients[k].astype(np.float32), protos[:, r1:r2, c1:c2], axes=1)
         patch = along_y[v1:v2, r1:r2] @ logits @ along_x[u1:u2, c1:c2].T
+        out[v1:v2, u1:u2][patch > 0] = k + 1
+    return out
+
+
+def query_masks(masks: np.ndarray, geometry: Geometry, input_hw: tuple[int, int]) -> np.ndarray:
+    """Each box's own mask logits, as RF-DETR-Seg gives one per query over the whole input, painted into
+    one (H, W) uint16 map of the original image as `instance_masks` paints them: k + 1 where box k's mask is
+    (the better box's where they overlap: a query's second class gets only what its first leaves), 0
+    elsewhere.
+
+    masks: (N, h, w) logits, best box first. Each is brought to the original's pixels bilinearly as
+    RF-DETR's PostProcess resizes it (F.interpolate, half-pixel centres; through a letterbox as
+    `_prototype_weights` maps one) and taken above 0, not cropped to its box (RF-DETR's are not). Only the
+    pixels that draw on a positive logit are computed: a bilinear blend of values <= 0 is not above 0."""
+    h, w = geometry.orig_hw
+    out = np.zeros((h, w), np.uint16)
+    if not len(masks):
+        return out
+    along_y, along_x = _prototype_weights(geometry, masks.shape[1:], input_hw)  # once per image: (h, mh), (w, mw)
+    (first_y, last_y), (first_x, last_x) = _reach(along_y), _reach(along_x)
+    for k in range(len(masks) - 1, -1, -1):  # the worst first: a better box's mask is painted over it
+        logits = masks[k].astype(np.float32, copy=False)
+        rows, cols = np.flatnonzero((logits > 0).any(axis=1)), np.flatnonzero((logits > 0).any(axis=0))
+        v = np.flatnonzero((first_y <= rows[-1]) & (last_y > rows[0])) if rows.size else rows
+        u = np.flatnonzero((first_x <= cols[-1]) & (last_x > cols[0])) if cols.size else cols
+        if not v.size or not u.size:
+            continue
+        v1, v2, u1, u2 = v[0], v[-1] + 1, u[0], u[-1] + 1
+        r1, r2, c1, c2 = first_y[v1], last_y[v2 - 1], first_x[u1], last_x[u2 - 1]  # every logit those draw on
+        patch = along_y[v1:v2, r1:r2] @ logits[r1:r2, c1:c2] @ along_x[u1:u2, c1:c2].T
         out[v1:v2, u1:u2][patch > 0] = k + 1
     return out
 
