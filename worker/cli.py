@@ -26,6 +26,7 @@ from worker.names import printable
 
 if TYPE_CHECKING:
     from worker.engine import Engine
+    from worker.models.card import Postprocess
 
 log = logging.getLogger("worker")
 
@@ -799,23 +800,25 @@ def models_check(ctx: click.Context, name: str) -> None:
     click.echo(f"  runs on {', '.join(m.engine.providers)}, batches of up to {m.max_batch}")
     for kind, items in (("input", session.get_inputs()), ("output", session.get_outputs())):
         for port in items:
-            use = _model_io_use(m.engine, port.name, m.card.postprocess.keypoints, m.card.postprocess.obb)
+            use = _model_io_use(m.engine, port.name, m.card.postprocess)
             click.echo(f"  {kind:6s} {port.name} {port.type} {list(port.shape)}{use}")
     click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
 
 
-def _model_io_use(engine: Engine, name: str, keypoints: tuple[int, ...] = (), obb: bool = False) -> str:
-    """What the worker does with one of the model's inputs or outputs, for `models check` (`keypoints`:
-    a pose model's [K, D], which its rows end in; `obb`: rows ending in their box's angle)."""
-    outs = engine.output_names
+def _model_io_use(engine: Engine, name: str, post: Postprocess) -> str:
+    """What the worker does with one of the model's inputs or outputs, for `models check`, as the card's
+    postprocessing reads it."""
+    outs, keypoints = engine.output_names, post.keypoints
     if name == engine.input_name:
         return f": the image, {engine.layout.upper()}"
     if name == engine.sizes_input:
         return ": each image's size (the network input's width and height)"
+    if name == engine.masks and post.layout == "detr":
+        return ": read, each box's mask its query's (RF-DETR-Seg)"
     if name == engine.masks:
         return ": read, each box's mask from these prototype masks"
     joined = [o for o in outs if o != engine.masks]
-    if name in joined and obb:
+    if name in joined and post.obb:
         return ": read, each box's row ending in its angle (oriented boxes)"
     if name in joined and keypoints:
         points = "x, y and visibility" if keypoints[1] == 3 else "x and y"
