@@ -40,10 +40,15 @@ def decode_rows(output: np.ndarray, layout: str, classes: int = 0, input_hw: tup
         scores = cls[np.arange(len(cls)), class_ids]
         if obj is not None:
             scores = obj * scores
+    return _input_pixels(boxes, box_format, box_units, input_hw), class_ids.astype(np.int64), scores.astype(np.float32)
+
+
+def _input_pixels(boxes: np.ndarray, box_format: str, box_units: str, input_hw: tuple[int, int]) -> np.ndarray:
+    """(K, 4) boxes as a model gives them -> (K, 4) float32 x1, y1, x2, y2 in input pixels."""
     xyxy = _as_xyxy(boxes.astype(np.float32), box_format)
     if box_units == "fractions":  # of the input's width and height
         xyxy = xyxy * np.array([input_hw[1], input_hw[0]] * 2, np.float32)
-    return xyxy, class_ids.astype(np.int64), scores.astype(np.float32)
+    return xyxy
 
 
 def _end2end_rows(output: np.ndarray, extra: int) -> np.ndarray:
@@ -383,8 +388,7 @@ class Detector(CardPreprocessing):
         picked = scores[queries, class_ids]
         order = np.argsort(-picked, kind="stable")[:min(p.max_detections, len(rows))]  # RF-DETR takes Q at most
         queries, class_ids, picked = queries[order], class_ids[order].astype(np.int64), picked[order]
-        xyxy = _as_xyxy(rows[queries, :4].astype(np.float32), "cxcywh") * np.array([self.size[1], self.size[0]] * 2,
-                                                                                  np.float32)
+        xyxy = _input_pixels(rows[queries, :4], "cxcywh", "fractions", self.size)
         xyxy = geometry.to_original(xyxy.reshape(-1, 2, 2), clip=True).reshape(-1, 4)
         h, w = geometry.orig_hw
         instances = query_masks(masks[queries], geometry, self.size) if masks is not None else None
