@@ -314,10 +314,10 @@ def load_card(path: Path) -> ModelCard:
             (card.task != "detect" or card.postprocess.layout != "end2end"):
         raise ConfigError(f"{path}: 'postprocess.box_format' and 'box_units' apply to a detector's layout end2end "
                           f"(the other layouts fix them)")
-    query_masks = card.postprocess.layout == "detr" and card.postprocess.activation == "sigmoid"  # RF-DETR-Seg's
-    if card.postprocess.masks and (card.task != "detect" or (card.postprocess.outputs and not query_masks)
-                                   or card.postprocess.layout not in ("yolov5", "yolov8", "end2end", "detr")
-                                   or (card.postprocess.layout == "detr" and not query_masks)):
+    p = card.postprocess
+    query_masks = p.layout == "detr" and p.activation == "sigmoid"  # RF-DETR-Seg's, one per query
+    prototypes = p.layout in ("yolov5", "yolov8", "end2end") and not p.outputs  # YOLO-seg's
+    if p.masks and (card.task != "detect" or not (query_masks or prototypes)):
         raise ConfigError(f"{path}: 'postprocess.masks' names an instance segmenter's prototype masks, for a "
                           f"detector's layout yolov5, yolov8 or end2end (as YOLOv8-seg and YOLO26-seg exports give "
                           f"them: output1), or each query's mask for layout detr with activation: sigmoid (as "
