@@ -55,7 +55,8 @@ CARD = f"""name: rfdetr-like
 task: detect
 onnx: rfdetr-like.onnx
 input: {{name: input, size: [{SIZE}, {SIZE}], dynamic_batch: false}}
-preprocess: {{color: rgb, resize: stretch, mean: [123.675, 116.28, 103.53], std: [58.395, 57.12, 57.375]}}
+preprocess: {{color: rgb, resize: stretch, float_resize: true,
+             mean: [123.675, 116.28, 103.53], std: [58.395, 57.12, 57.375]}}
 postprocess: {{outputs: [dets, labels], layout: detr, activation: sigmoid, threshold: 0.5}}
 labels: [{", ".join(LABELS)}]
 """

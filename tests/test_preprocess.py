@@ -130,3 +130,17 @@ def test_depth_32_letterbox_pads_with_a_negative_value_and_subtracts_a_negative_
     assert x.shape == (1, 32, 32)
     np.testing.assert_allclose(x[0, 0], (-20.5 + 273.15) / 100, rtol=1e-6)  # the padding
     np.testing.assert_allclose(x[0, 16], (-5.0 + 273.15) / 100, rtol=1e-6)  # the image
+
+
+def test_float_resize_keeps_the_fractions_of_a_level_that_the_8_bit_resize_rounds() -> None:
+    """float_resize: true resizes float32 (torchvision's to_tensor then resize, as RF-DETR feeds its model):
+    halving with half-pixel centres samples each output pixel midway between four input pixels, so it is
+    exactly their mean, quarters of a level and all; the default 8-bit resize gives whole levels."""
+    image = np.random.default_rng(39).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    blocks = image.astype(np.float64).reshape(32, 2, 48, 2, 3).mean(axis=(1, 3))  # (32, 48, 3), BGR
+    spec = Preprocess(color="bgr", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), float_resize=True)  # type: ignore[arg-type]
+    x, _ = prepare(image, spec, (32, 48))
+    np.testing.assert_allclose(x, blocks.transpose(2, 0, 1), atol=1e-4)
+    assert (np.abs(blocks - np.round(blocks)) > 0.2).mean() > 0.3  # many pixels between two levels
+    x8, _ = prepare(image, Preprocess(color="bgr", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)), (32, 48))  # type: ignore[arg-type]
+    assert np.array_equal(x8, np.round(x8)) and np.abs(x8 - blocks.transpose(2, 0, 1)).max() <= 0.5 + 1e-6

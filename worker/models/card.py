@@ -83,6 +83,11 @@ class Preprocess:
     # own values as floats (a float or 32-bit integer TIFF's samples: temperatures, reflectances; any
     # other file's pixels at their own depth), mean, std and pad_value in those units
     depth: Literal[8, 16, 32] = 8
+    # false: resized at the file's depth, each pixel rounded to a whole level (OpenCV's fixed-point
+    # bilinear, as OpenCV-based loaders such as Ultralytics' feed a model); true: resized as float32,
+    # unrounded, as torchvision's to_tensor then resize does (RF-DETR's predict(): its two-stage query
+    # selection moves with a tenth of a level)
+    float_resize: bool = False
 
     @property
     def channels(self) -> int:

@@ -48,6 +48,8 @@ def needed_size(spec: Preprocess, size_hw: tuple[int, int], orig_hw: tuple[int, 
 def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
     """BGR (H, W, 3), uint8, uint16 (depth 16) or float32 (depth 32) -> float32 (C, h, w) in the card's
     colour order and normalisation (C: 3, or 1 for gray)."""
+    if spec.float_resize and image.dtype != np.float32:
+        image = image.astype(np.float32)  # resized unrounded: the card's exporter resized floats
     resized, geo = resize_for(image, spec, size_hw)
     if spec.color == "rgb":
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
