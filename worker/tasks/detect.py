@@ -437,8 +437,7 @@ def instance_masks(coefficients: np.ndarray, protos: np.ndarray, xyxy: np.ndarra
         # only the prototype rows and columns the box's pixels draw on
         r1, r2, c1, c2 = reach_y[0][v1], reach_y[1][v2 - 1], reach_x[0][u1], reach_x[1][u2 - 1]
         logits = np.tensordot(coefficients[k].astype(np.float32), protos[:, r1:r2, c1:c2], axes=1)
-        patch = along_y[v1:v2, r1:r2] @ logits @ along_x[u1:u2, c1:c2].T
-        out[v1:v2, u1:u2][patch > 0] = k + 1
+        _paint(out, k, along_y[v1:v2, r1:r2], logits, along_x[u1:u2, c1:c2], v1, u1)
     return out
 
 
@@ -467,9 +466,17 @@ def query_masks(masks: np.ndarray, geometry: Geometry, input_hw: tuple[int, int]
             continue
         v1, v2, u1, u2 = v[0], v[-1] + 1, u[0], u[-1] + 1
         r1, r2, c1, c2 = first_y[v1], last_y[v2 - 1], first_x[u1], last_x[u2 - 1]  # every logit those draw on
-        patch = along_y[v1:v2, r1:r2] @ logits[r1:r2, c1:c2] @ along_x[u1:u2, c1:c2].T
-        out[v1:v2, u1:u2][patch > 0] = k + 1
+        _paint(out, k, along_y[v1:v2, r1:r2], logits[r1:r2, c1:c2], along_x[u1:u2, c1:c2], v1, u1)
     return out
+
+
+def _paint(out: np.ndarray, k: int, along_y: np.ndarray, logits: np.ndarray, along_x: np.ndarray,
+           top: int, left: int) -> None:
+    """Box k's mask over the window of `out` at (top, left): the logits (r, c) brought to its (v, u) pixels
+    by along_y (v, r) and along_x (u, c), set to k + 1 where above 0 (a probability of 0.5). Called worst
+    box first, so that a better box's mask is painted over a worse one's."""
+    patch = along_y @ logits @ along_x.T
+    out[top:top + patch.shape[0], left:left + patch.shape[1]][patch > 0] = k + 1
 
 
 def _reach(weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
