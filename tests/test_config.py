@@ -51,6 +51,7 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> Non
     ("metrics:\n  memory_sample_s: 0\n", "'metrics.memory_sample_s' must be more than 0, got 0"),
     ("watch:\n  poll_interval_s: 0.0\n", "'watch.poll_interval_s' must be more than 0, got 0.0"),
     ("pipeline:\n  max_attempts: 0\n", "'pipeline.max_attempts' must be more than 0, got 0"),
+    ("metrics:\n  low_disk_percent: 150\n", "'metrics.low_disk_percent' must be at most 100, got 150"),
     ("watch:\n  settle_s: .inf\n", "'watch.settle_s' must be a non-negative number, got inf"),  # never settles
     ("watch:\n  incomplete_s: .nan\n", "'watch.incomplete_s' must be a non-negative number, got nan"),
 ])

@@ -508,20 +508,20 @@ def test_pages_all_writes_each_page_s_mask_and_removes_what_an_earlier_content_l
     assert sorted(p.name for p in cfg.outbox.glob("docs.tif*")) == ["docs.tif.error.json"]
 
 
-def test_a_run_and_a_watcher_say_at_start_that_a_disk_is_low(cfg, tmp_path: Path, caplog, monkeypatch) -> None:
+def test_a_run_and_a_watcher_say_at_start_that_a_disk_is_low(cfg, tmp_path: Path, caplog) -> None:
     """An overnight run has no status line, and a watcher's first is minutes away: both say at once
-    when the outbox's, archive's or database's filesystem is low on room (here every one is, by a
-    threshold of the whole disk), naming the folders on it; `worker health` says it too."""
+    when the outbox's, archive's or database's filesystem is low on room (here every one is, by the
+    config's threshold of the whole disk, metrics.low_disk_percent: 100), naming the folders on it;
+    `worker health` says it too, and nothing at thresholds of 0."""
     from click.testing import CliRunner
 
-    from worker import disks
     from worker.cli import cli
     from worker.service import watch
 
     caplog.set_level(logging.WARNING)
     (folder := tmp_path / "in").mkdir()
     (folder / "a.png").write_text("a text file named .png")  # fails fast
-    monkeypatch.setattr(disks, "LOW_FRACTION", 1.0)
+    cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, low_disk_percent=100.0))  # always low
     run_folder(cfg, folder)
     said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("low on disk: ")]
     assert len(said) == 1 and said[0].endswith(f"on the filesystem of the outbox and database ({tmp_path})"), said
@@ -531,13 +531,13 @@ def test_a_run_and_a_watcher_say_at_start_that_a_disk_is_low(cfg, tmp_path: Path
     assert len(said) == 1 and "of the outbox, archive and database" in said[0], said
 
     conf = tmp_path / "config.yaml"
-    conf.write_text(f"inbox: {cfg.inbox}\noutbox: {cfg.outbox}\narchive: {cfg.archive}\ndb: {cfg.db}\n")
+    where = f"inbox: {cfg.inbox}\noutbox: {cfg.outbox}\narchive: {cfg.archive}\ndb: {cfg.db}\n"
+    conf.write_text(where + "metrics: {low_disk_percent: 100}\n")
     health = CliRunner().invoke(cli, ["--config", str(conf), "health", "--format", "json"])
     assert health.exit_code == 1  # finished: the state's exit status, whatever the disk
     assert json.loads(health.output)["low_disk"].startswith("low on disk: ")
     text = CliRunner().invoke(cli, ["--config", str(conf), "health"]).output
     assert text.startswith("run ") and "finished" in text and "; low on disk: " in text, text
-    monkeypatch.setattr(disks, "LOW_FRACTION", 0.0)
-    monkeypatch.setattr(disks, "LOW_BYTES", 0)
+    conf.write_text(where + "metrics: {low_disk_gb: 0, low_disk_percent: 0}\n")  # never low
     assert json.loads(CliRunner().invoke(cli, ["--config", str(conf), "health", "--format", "json"]).output)[
         "low_disk"] is None

@@ -114,6 +114,10 @@ class OutputConfig:
 class MetricsConfig:
     memory_sample_s: float = field(default=5.0, metadata=_POSITIVE)  # memory sample period
     warmup_s: float = 60.0  # samples before this are left out of the RSS slopes
+    # a filesystem the worker fills (outbox, archive, SQLite database) is low under either: said on the
+    # watcher's status line, in `worker run`'s log and by `worker health`; 0 and 0 never say it
+    low_disk_gb: float = 2.0
+    low_disk_percent: float = field(default=5.0, metadata={"at_most": 100})
 
 
 @dataclass(frozen=True)
@@ -292,6 +296,8 @@ def build(cls: type[T], raw: Any, file: str, prefix: str) -> T:
         kwargs[key] = _coerce(hints[key], value, file, f"{prefix}{key}")
         if fields[key].metadata.get("positive") and not kwargs[key] > 0:
             raise ConfigError(f"{file}: '{prefix}{key}' must be more than 0, got {value!r}")
+        if (top := fields[key].metadata.get("at_most")) is not None and kwargs[key] > top:
+            raise ConfigError(f"{file}: '{prefix}{key}' must be at most {top}, got {value!r}")
     return cls(**kwargs)
 
 

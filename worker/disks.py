@@ -18,7 +18,9 @@ from typing import Callable, Sequence
 
 log = logging.getLogger("worker.disks")
 
-LOW_BYTES = 2 * 2**30  # low: under this many bytes free, or under LOW_FRACTION of the filesystem if more
+# low: under this many bytes free, or under LOW_FRACTION of the filesystem if more (the config's
+# metrics.low_disk_gb and metrics.low_disk_percent; these are their defaults)
+LOW_BYTES = 2 * 2**30
 LOW_FRACTION = 0.05
 
 

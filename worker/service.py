@@ -65,7 +65,8 @@ def low_disk(cfg: Config, inputs: Disposition | None) -> str | None:
 
 def _disks(cfg: Config, inputs: Disposition | None) -> LowDisk:
     """The filesystems the worker fills (outbox, archive, a SQLite database), watched for room."""
-    return LowDisk(filesystems(_written(cfg, inputs)), time.monotonic)
+    return LowDisk(filesystems(_written(cfg, inputs)), time.monotonic, round(cfg.metrics.low_disk_gb * 2**30),
+                   cfg.metrics.low_disk_percent / 100)
 
 
 def _written(cfg: Config, inputs: Disposition | None) -> list[tuple[str, Path]]:
