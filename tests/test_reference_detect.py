@@ -91,6 +91,43 @@ def test_classwise_nms_keeps_other_classes() -> None:
     assert keep.tolist() == [0, 2]
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_rotated_nms_suppresses_what_comparing_every_pair_suppresses(seed: int) -> None:
+    """rotated_nms gives each probiou only to pairs near enough to overlap by more than `iou`, found by a
+    sweep (`_overlapped`): it keeps exactly what Ultralytics' fast NMS keeps comparing every pair (here
+    written out as the full matrix of `probiou`, held to Ultralytics' own in the golden test), whatever the
+    threshold, on boxes packed or spread, sides of 0 and under a pixel, duplicates, a nan, sweeps of one
+    pair at a time or all at once."""
+    from worker.tasks.detect import _overlapped, probiou, rotated_nms
+
+    rng = np.random.default_rng(seed)
+    for spread in (0, 20, 300, 3000):
+        n = int(rng.integers(50, 300))
+        boxes = np.column_stack([rng.uniform(0, spread, (n, 2)), rng.uniform(0, 120, n), rng.uniform(0, 60, n),
+                                 rng.uniform(-3, 3, n)])
+        if spread == 0:  # where the sweep's bound is tight or fails: one thin box repeated along its length,
+            angle, along = rng.uniform(-3, 3), np.sort(rng.uniform(0, 400, n))  # where its IoU falls slowest,
+            boxes = np.column_stack([along * np.cos(angle), along * np.sin(angle), np.full(n, 60.0),
+                                     np.full(n, 1.0), np.full(n, angle)])
+            boxes[n // 2:, 3] = 0.0  # and lines on one line, which probiou takes for one box wherever they are
+            boxes[-5:, 2:4] = 0.0  # and dots, each the same as any other to probiou
+        few = rng.integers(0, n, n // 5)
+        boxes[few, 2] *= rng.choice([0.0, 1e-3, 0.05], len(few))  # lines, dots, slivers
+        boxes[rng.integers(0, n, n // 10)] = boxes[rng.integers(0, n, n // 10)]  # duplicates
+        if seed % 2:
+            boxes[rng.integers(0, n), rng.integers(0, 5)] = np.nan
+        with np.errstate(invalid="ignore"):
+            pairs = probiou(boxes, boxes)
+        pairs[np.tril_indices(n)] = 0  # [i, j], i better than j
+        for iou in (0.0, 1e-9, 0.01, 0.3, 0.45, 0.7, 0.99, 1.0):
+            for block in (1, 97, 1 << 20):
+                assert np.array_equal(_overlapped(boxes, iou, block), (pairs > iou).any(axis=0)), (spread, iou, block)
+    scores = rng.uniform(0, 1, n).astype(np.float32)
+    classes = rng.integers(0, 3, n)
+    kept = rotated_nms(boxes.astype(np.float32), classes, scores, 0.45)
+    assert scores[kept].tolist() == sorted(scores[kept].tolist(), reverse=True) and len(set(kept.tolist())) == len(kept)
+
+
 def test_max_detections_keeps_the_best_boxes() -> None:
     card = _card()
     # 8 anchors, 8 classes, one box each at a different place: nothing suppressed, scores 0.3 .. 0.93
