@@ -202,39 +202,49 @@ class Detector(CardPreprocessing):
         if layout == "detr" and self.card.postprocess.activation == "sigmoid":  # logits: any value is one
             self._check_query_logits(output, protos)
             return
-        kd = self._keypoint_values()
-        points = f", then K x D = {kd} keypoint values (postprocess.keypoints)" if kd else ""
-        m = len(protos) if protos is not None else 0
-        obb = int(self.card.postprocess.obb)
-        if layout == "end2end":  # the class count is not in the shape: ids past the labels are named by number
-            if m:
-                points = f", then M = {m} mask coefficients for output '{self.card.postprocess.masks}'"
-            first = "cx, cy, w, h" if obb else "x1, y1, x2, y2"
-            points = points or (", then the box's angle (postprocess.obb)" if obb else "")
-            if output.ndim != 2 or 6 + kd + m + obb not in output.shape:
-                raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as "
-                                 f"[K, {6 + kd + m + obb}] ({first}, score, class{points}); output "
-                                 f"'{self.card.postprocess.named}' is {list(output.shape)}")
-            if kd:
-                self._check_visibility(_end2end_rows(output, kd)[:, 6:])
-            if obb:
-                self._check_angles(_end2end_rows(output, obb)[:, 6], end2end=True)
-            return
+        kd, m, obb = self._keypoint_values(), len(protos) if protos is not None else 0, int(self.card.postprocess.obb)
+        if layout == "end2end":
+            self._check_end2end(output, kd, m, obb)
+        else:
+            self._check_anchor_rows(output, others, kd, m, obb)
+
+    def _what_follows(self, kd: int) -> str:
+        """What a row holds after its class scores when no mask coefficients do, for the errors."""
+        if kd:
+            return f", then K x D = {kd} keypoint values (postprocess.keypoints)"
+        return ", then the box's angle (postprocess.obb)" if self.card.postprocess.obb else ""
+
+    def _check_end2end(self, output: np.ndarray, kd: int, m: int, obb: int) -> None:
+        """[K, 6 + extras] rows: the class count is not in the shape (ids past the labels are named by number)."""
+        points = f", then M = {m} mask coefficients for output '{self.card.postprocess.masks}'" if m else \
+            self._what_follows(kd)
+        first = "cx, cy, w, h" if obb else "x1, y1, x2, y2"
+        if output.ndim != 2 or 6 + kd + m + obb not in output.shape:
+            raise ModelError(f"model '{self.card.name}': layout end2end needs one image's output as "
+                             f"[K, {6 + kd + m + obb}] ({first}, score, class{points}); output "
+                             f"'{self.card.postprocess.named}' is {list(output.shape)}")
+        if kd:
+            self._check_visibility(_end2end_rows(output, kd)[:, 6:])
+        if obb:
+            self._check_angles(_end2end_rows(output, obb)[:, 6], end2end=True)
+
+    def _check_anchor_rows(self, output: np.ndarray, others: OtherOutputs, kd: int, m: int, obb: int) -> None:
+        """yolov5 [A, 5+C], yolov8 [4+C, A] and detr [Q, 4+C] rows, either way round, each ending in an
+        instance segmenter's mask coefficients, a pose model's keypoints or an oriented box's angle."""
+        layout = self.card.postprocess.layout
         per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
-        # and after them, an instance segmenter's mask coefficients, a pose model's keypoints or an
-        # oriented box's angle
         extra = m + kd + obb
         axis = 0 if layout != "yolov5" and output.ndim == 2 and _anchors_last(output, self._values(extra)) else 1
         if output.ndim != 2 or output.shape[axis] <= per_row + extra:
             want = {"yolov8": "[4+C, A] (or [A, 4+C])", "detr": "[Q, 4+C] (or [4+C, Q])"}.get(layout, "[A, 5+C]")
             more = "+M" if m else f"+{kd}" if kd else "+1" if extra else ""
-            points = points or (", then the box's angle (postprocess.obb)" if extra else "")
             want = want.replace("C]", f"C{more}]").replace("C, ", f"C{more}, ")
-            masks = f", M = {m} mask coefficients for output '{self.card.postprocess.masks}'" if m else points
+            masks = f", M = {m} mask coefficients for output '{self.card.postprocess.masks}'" if m else \
+                self._what_follows(kd)
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}{masks}; "
                              f"output '{self.card.postprocess.named}' is {list(output.shape)}")
         rows = output if axis == 1 else output.T
-        if protos is None and not kd and layout in ("yolov5", "yolov8") and \
+        if not m and not kd and layout in ("yolov5", "yolov8") and \
                 (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
             raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
                              f"{tuple(output.shape)} holds {per_row} box values, {said}")
@@ -243,7 +253,7 @@ class Detector(CardPreprocessing):
                              f"{tuple(output.shape)} holds {per_row} box values, then {said}")
         if kd:
             self._check_visibility(rows[:, rows.shape[1] - kd:])
-        if self.card.postprocess.obb:
+        if obb:
             self._check_angles(rows[:, -1])
         check_labels(self.card, output.shape[axis] - per_row - extra, output)
 
