@@ -87,6 +87,52 @@ def test_an_export_s_class_names_are_read_in_class_order_or_not_at_all() -> None
     assert exported_labels({"names": "{0: 'a'}"}) == ()  # another exporter's: not Ultralytics' format
 
 
+def test_an_export_s_keypoint_names_are_read_when_every_class_names_the_k_points_alike() -> None:
+    from worker.models.exported import exported_keypoint_names
+
+    assert exported_keypoint_names({**ULTRALYTICS, "kpt_names": "{0: ['nose', 'left_eye']}"}, 2) == ("nose", "left_eye")
+    assert exported_keypoint_names({**ULTRALYTICS, "kpt_names": "{0: ['a', 'b'], 1: ['a', 'b']}"}, 2) == ("a", "b")
+    for names in ("{0: ['a', 'b'], 1: ['b', 'a']}", "{0: ['a']}", "{0: 'ab'}", "{}", "['a', 'b']", "{0: ['a'",
+                  "__import__('os')", ""):  # classes that differ, not K names, not Ultralytics' format
+        assert exported_keypoint_names({**ULTRALYTICS, "kpt_names": names}, 2) == (), names
+    assert exported_keypoint_names({"kpt_names": "{0: ['a', 'b']}"}, 2) == ()  # another exporter's
+
+
+def test_a_pose_export_s_keypoint_names_name_its_points_in_the_results_and_coco(cfg, tmp_path: Path) -> None:
+    """A card of one's own YOLOv8-pose export without keypoint names: the result document names the
+    points as the export's metadata does (kpt_names, from its dataset's yaml), once for all boxes, and
+    COCO export's category lists them (before session 39, numbered "1", "2", "3"); the card's own
+    keypoint_names win over the export's."""
+    import cv2
+
+    from worker.export import coco
+    from worker.service import run_folder
+    from worker.store.db import open_db
+    from worker.store.queries import Filters
+
+    rows = np.zeros((4 + 1 + 9, 21), np.float32)  # anchor 0: a box at 0.9 with its 3 points; the rest nothing
+    rows[:, 0] = [24, 16, 20, 10, 0.9, 20, 12, 0.9, 24, 16, 0.8, 28, 20, 0.7]
+    models = tmp_path / "models"
+    _own_export(models, "pose", rows, "\nlabels: [part]",
+                {"task": "pose", "kpt_shape": "[3, 3]", "kpt_names": "{0: ['tip', 'joint', 'base']}"})
+    card = models / "pose" / "model.yaml"
+    card.write_text(card.read_text().replace("layout: yolov8}", "layout: yolov8, keypoints: [3, 3]}"))
+    (images := tmp_path / "images").mkdir()
+    cv2.imwrite(str(images / "a.png"), np.zeros((32, 48, 3), np.uint8))
+    c = dataclasses.replace(cfg, models_dir=models, model="pose")
+    for names in (["tip", "joint", "base"], ["a", "b", "c"]):
+        assert run_folder(c, images).figures["done"] == 1
+        doc = json.loads((c.outbox / "a.png.json").read_text())
+        assert doc["keypoint_names"] == names and len(doc["boxes"][0]["keypoints"]) == 3
+        db = open_db(c.db)
+        try:
+            (category,) = coco(db, Filters(model="pose"), ("part",), "detect", c.outbox)["categories"]
+        finally:
+            db.dispose()
+        assert category == {"id": 0, "name": "part", "keypoints": names}
+        card.write_text(card.read_text().replace("keypoints: [3, 3]}", "keypoints: [3, 3], keypoint_names: [a, b, c]}"))
+
+
 def test_a_card_without_labels_takes_the_export_s_class_names(cfg, tmp_path: Path) -> None:
     """A card of one's own YOLOv8 export with no labels: the boxes are named as the model's metadata
     names its classes (before session 37, by number: "1"), in the JSON and the database's label index."""

@@ -80,6 +80,11 @@ def test_card_errors_name_file(tmp_path: Path) -> None:
      "'postprocess.masks' names .* or each query's mask for layout detr with activation: sigmoid \\(as RF-DETR-Seg"),
     ("detect", "postprocess: {layout: detr, activation: sigmoid, outputs: [dets, masks], masks: masks}",
      "'postprocess.masks' names the prototype masks, a second output"),
+    ("detect", "postprocess: {layout: yolov8, keypoints: [3, 3], keypoint_names: [tip, base]}",
+     "'postprocess.keypoint_names' names each of a pose model's K keypoints \\(postprocess.keypoints: \\[K, D\\]\\), "
+     "in order: 2 names for 3 keypoints"),
+    ("detect", "postprocess: {layout: yolov8, keypoint_names: [tip]}",
+     "'postprocess.keypoint_names' names .*: the card names no keypoints"),
 ])
 def test_a_cards_values_are_checked_naming_the_card(tmp_path: Path, task: str, section: str, message: str) -> None:
     p = tmp_path / "m" / "model.yaml"

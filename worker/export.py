@@ -35,6 +35,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     annotations: list[dict[str, Any]] = []
     seen: dict[int, str] = {}  # class id -> name, as the results name it
     keypoints = 0  # a pose model's points per box
+    point_names: list[str] = []  # and their names, as the results give them
     multi_class = False
     # a multi-page file's pages (pipeline.pages: all) are images of their own: its first keeps the row's
     # id, the others get ids past every row's, and each says its page
@@ -73,6 +74,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
                 if "keypoints" in box:
                     ann.update(_keypoints(box["keypoints"]))
                     keypoints = max(keypoints, len(box["keypoints"]))
+                    point_names = point_names or doc.get("keypoint_names", [])
                 annotations.append(ann)
             continue
         multi_class = multi_class or "classes" in doc
@@ -98,8 +100,10 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     if multi_class:
         names.pop(0, None)
     what = "detections" if task == "detect" else "segmentation regions"
-    # a pose model's categories name their points, by number (the card does not name them)
-    points = {"keypoints": [str(i + 1) for i in range(keypoints)]} if keypoints else {}
+    # a pose model's categories name their points as its results do (the card's keypoint_names, or its
+    # export's), else by number
+    named = point_names if len(point_names) == keypoints else [str(i + 1) for i in range(keypoints)]
+    points = {"keypoints": named} if keypoints else {}
     return {"info": {"description": f"worker {what}"}, "images": images,
             "categories": [{"id": i, "name": n, **points} for i, n in sorted(names.items())],
             "annotations": annotations}

@@ -120,7 +120,7 @@ class Detections:
     instances: an instance segmenter's masks, or None: (H, W) uint16, k + 1 where box k's mask is, 0
     elsewhere (where masks overlap, the better box's).
     keypoints: a pose model's, or None: (N, K, D) float32, each box's K points, x and y in original image
-    pixels and, with D = 3, visibility 0-1.
+    pixels and, with D = 3, visibility 0-1. keypoint_names: the K points' names in order, or ().
     rotated: an oriented-box detector's boxes, or None: (N, 5) float32 cx, cy, w, h in original pixels and
     the angle in radians (w along it); `xyxy` is then each one's bounding box, clipped to the image.
     """
@@ -133,6 +133,7 @@ class Detections:
     instances: np.ndarray | None = None
     keypoints: np.ndarray | None = None
     rotated: np.ndarray | None = None
+    keypoint_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -147,6 +148,9 @@ class Detections:
         if kp is not None and (kp.ndim != 3 or kp.shape[0] != n or kp.shape[2] not in (2, 3) or kp.dtype != np.float32):
             raise ValueError(f"Detections.keypoints must be a ({n}, K, 2 or 3) float32 array, got {kp.dtype} "
                              f"{kp.shape}")
+        if self.keypoint_names and (kp is None or len(self.keypoint_names) != kp.shape[1]):
+            raise ValueError(f"Detections.keypoint_names must name each of the K keypoints, got "
+                             f"{len(self.keypoint_names)} names for keypoints {None if kp is None else kp.shape}")
         if self.rotated is not None and (self.rotated.shape != (n, 5) or self.rotated.dtype != np.float32):
             raise ValueError(f"Detections.rotated must be a ({n}, 5) float32 array, got {self.rotated.dtype} "
                              f"{self.rotated.shape}")
@@ -166,6 +170,8 @@ class Detections:
             for box, points in zip(boxes, self.keypoints):
                 box["keypoints"] = [[round(float(x), 2), round(float(y), 2), *[round(float(v), 4) for v in rest]]
                                     for x, y, *rest in points]
+        if self.keypoint_names:  # once for every box: each box's points are in this order
+            return {"boxes": boxes, "keypoint_names": list(self.keypoint_names)}
         return {"boxes": boxes}
 
 

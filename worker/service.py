@@ -24,7 +24,7 @@ from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card, settings_digest
-from worker.models.exported import check_exported, exported_labels
+from worker.models.exported import check_exported, exported_keypoint_names, exported_labels
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.names import as_text
@@ -133,6 +133,9 @@ def ready_model(cfg: Config, card: ModelCard) -> ReadyModel:
         log.info("model '%s': %d class names from %s's metadata (%s ...)", card.name, len(names), onnx.name,
                  ", ".join(names[:3]))
         card = dataclasses.replace(card, labels=names)
+    k = card.postprocess.keypoints[0] if card.postprocess.keypoints else 0
+    if k and not card.postprocess.keypoint_names and (points := exported_keypoint_names(engine.metadata, k)):
+        card = dataclasses.replace(card, postprocess=dataclasses.replace(card.postprocess, keypoint_names=points))
     wanted = cfg.pipeline.max_batch or default_max_batch(engine.on_gpu)
     # a model's fixed batch wins over the card (its batches are padded to it: Engine.run)
     max_batch = engine.static_batch or (wanted if card.input.dynamic_batch else 1)

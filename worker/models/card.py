@@ -125,6 +125,9 @@ class Postprocess:
     # detect, yolov5, yolov8 or end2end: a pose model's keypoints, [K, D] (Ultralytics' kpt_shape: K
     # points of x, y and, with D = 3, visibility 0-1); each box's row then ends in its K x D values
     keypoints: tuple[int, ...] = ()
+    # the K keypoints' names, in order (COCO's person: nose, left_eye, ...), for the result documents and
+    # COCO export's categories; an Ultralytics export's own (kpt_names) when the card has none
+    keypoint_names: tuple[str, ...] = ()
     # detect, yolov8 or end2end: oriented boxes, each row ending in its box's angle (radians), as a
     # YOLOv8-obb export gives them (suppressed here by their probabilistic IoU, as Ultralytics does), or
     # YOLO26-obb's NMS-free rows (cx, cy, w, h, score, class, angle)
@@ -338,6 +341,11 @@ def load_card(path: Path) -> ModelCard:
                or card.postprocess.masks or card.postprocess.outputs):
         raise ConfigError(f"{path}: 'postprocess.keypoints' is a pose model's, for a detector's layout yolov5, "
                           f"yolov8 or end2end of one output, without 'masks'")
+    names = card.postprocess.keypoint_names
+    if names and (not kp or len(names) != kp[0]):
+        raise ConfigError(f"{path}: 'postprocess.keypoint_names' names each of a pose model's K keypoints "
+                          f"(postprocess.keypoints: [K, D]), in order: " +
+                          (f"{len(names)} names for {kp[0]} keypoints" if kp else "the card names no keypoints"))
     if card.postprocess.obb and (card.task != "detect" or card.postprocess.layout not in ("yolov8", "end2end")
                                  or kp or card.postprocess.masks or card.postprocess.outputs):
         raise ConfigError(f"{path}: 'postprocess.obb' is an oriented-box detector's (YOLOv8-obb, YOLO26-obb), for a "

@@ -2,9 +2,10 @@
 
 Ultralytics writes into every ONNX file it exports the model's task (detect, segment, pose, obb,
 classify), a pose model's keypoint shape (`kpt_shape`), whether its boxes come suppressed already
-(`end2end`) and its class names (`names`). A card that contradicts them would read the rows wrongly,
-or be refused later with a message about shapes; here it is refused at start with the line to write.
-A card without labels takes the export's names.
+(`end2end`), its class names (`names`) and a pose model's keypoint names (`kpt_names`, when its
+dataset named them). A card that contradicts them would read the rows wrongly, or be refused later
+with a message about shapes; here it is refused at start with the line to write. A card without
+labels takes the export's class names, and one without keypoint names the export's.
 """
 
 from __future__ import annotations
@@ -53,6 +54,25 @@ def _kpt_shape(text: str) -> tuple[int, ...]:
     except (ValueError, SyntaxError):
         return ()
     return tuple(value) if isinstance(value, list) and all(isinstance(v, int) for v in value) else ()
+
+
+def exported_keypoint_names(metadata: Mapping[str, str], k: int) -> tuple[str, ...]:
+    """An Ultralytics pose export's names of its `k` keypoints ("{0: ['nose', 'left_eye', ...]}", each
+    class's, as a dataset's kpt_names gives them); () when it has none, or its classes name them
+    differently, or not `k` of them."""
+    if metadata.get("author") != "Ultralytics":
+        return ()
+    try:
+        names = ast.literal_eval(metadata.get("kpt_names", ""))
+    except (ValueError, SyntaxError):
+        return ()
+    if not isinstance(names, dict) or not names:
+        return ()
+    lists = {tuple(v) if isinstance(v, (list, tuple)) else None for v in names.values()}
+    if len(lists) != 1 or None in lists:
+        return ()
+    (only,) = lists
+    return tuple(str(n) for n in only) if only is not None and len(only) == k else ()
 
 
 def exported_labels(metadata: Mapping[str, str]) -> tuple[str, ...]:

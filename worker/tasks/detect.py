@@ -393,7 +393,8 @@ class Detector(CardPreprocessing):
             keypoints = self._keypoints(tail[sel][keep], geometry)
         return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=scores,
                           names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h),
-                          instances=instances, keypoints=keypoints)
+                          instances=instances, keypoints=keypoints,
+                          keypoint_names=p.keypoint_names if keypoints is not None else ())
 
     def _oriented(self, xywh: np.ndarray, angles: np.ndarray, class_ids: np.ndarray, scores: np.ndarray,
                   geometry: Geometry) -> Detections:
