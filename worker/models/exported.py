@@ -60,30 +60,29 @@ def exported_keypoint_names(metadata: Mapping[str, str], k: int) -> tuple[str, .
     """An Ultralytics pose export's names of its `k` keypoints ("{0: ['nose', 'left_eye', ...]}", each
     class's, as a dataset's kpt_names gives them); () when it has none, or its classes name them
     differently, or not `k` of them."""
-    if metadata.get("author") != "Ultralytics":
+    lists = list(_metadata_dict(metadata, "kpt_names").values())
+    if not lists or not all(isinstance(v, (list, tuple)) and list(v) == list(lists[0]) for v in lists) or \
+            len(lists[0]) != k:
         return ()
-    try:
-        names = ast.literal_eval(metadata.get("kpt_names", ""))
-    except (ValueError, SyntaxError):
-        return ()
-    if not isinstance(names, dict) or not names:
-        return ()
-    lists = {tuple(v) if isinstance(v, (list, tuple)) else None for v in names.values()}
-    if len(lists) != 1 or None in lists:
-        return ()
-    (only,) = lists
-    return tuple(str(n) for n in only) if only is not None and len(only) == k else ()
+    return tuple(str(n) for n in lists[0])
 
 
 def exported_labels(metadata: Mapping[str, str]) -> tuple[str, ...]:
     """An Ultralytics export's class names, in class order ("{0: 'person', 1: 'bicycle'}"); () when it
     has none, or they are not one name for each class from 0."""
-    if metadata.get("author") != "Ultralytics":
-        return ()
-    try:
-        names = ast.literal_eval(metadata.get("names", ""))
-    except (ValueError, SyntaxError):
-        return ()
-    if not isinstance(names, dict) or sorted(names) != list(range(len(names))):
+    names = _metadata_dict(metadata, "names")
+    if set(names) != set(range(len(names))):  # one name for each class from 0, whatever the keys' order
         return ()
     return tuple(str(names[i]) for i in range(len(names)))
+
+
+def _metadata_dict(metadata: Mapping[str, str], key: str) -> dict[object, object]:
+    """An Ultralytics export's metadata entry that holds a dict (Python's repr of it), read without
+    running anything; {} when it is not there, not Ultralytics' or not a dict."""
+    if metadata.get("author") != "Ultralytics":
+        return {}
+    try:
+        value = ast.literal_eval(metadata.get(key, ""))
+    except (ValueError, SyntaxError):
+        return {}
+    return value if isinstance(value, dict) else {}
