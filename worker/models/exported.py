@@ -60,11 +60,11 @@ def exported_keypoint_names(metadata: Mapping[str, str], k: int) -> tuple[str, .
     """An Ultralytics pose export's names of its `k` keypoints ("{0: ['nose', 'left_eye', ...]}", each
     class's, as a dataset's kpt_names gives them); () when it has none, or its classes name them
     differently, or not `k` of them."""
-    lists = list(_metadata_dict(metadata, "kpt_names").values())
-    if not lists or not all(isinstance(v, (list, tuple)) and list(v) == list(lists[0]) for v in lists) or \
-            len(lists[0]) != k:
+    lists = [list(v) if isinstance(v, (list, tuple)) else None for v in _metadata_dict(metadata, "kpt_names").values()]
+    first = lists[0] if lists else None
+    if first is None or len(first) != k or any(v != first for v in lists):
         return ()
-    return tuple(str(n) for n in lists[0])
+    return tuple(str(n) for n in first)
 
 
 def exported_labels(metadata: Mapping[str, str]) -> tuple[str, ...]:
