@@ -141,7 +141,7 @@ def rotated_nms(xywhr: np.ndarray, class_ids: np.ndarray, scores: np.ndarray, io
     return out[np.argsort(-scores[out], kind="stable")]
 
 
-def _overlapped(boxes: np.ndarray, iou: float, block: int = 1 << 20) -> np.ndarray:
+def _overlapped(boxes: np.ndarray, iou: float, block: int = 1 << 16) -> np.ndarray:
     """(N, 5) oriented boxes, best first -> (N,) bool: overlapped by more than `iou` by a better one.
 
     Only pairs that can overlap that much get their IoU. The Bhattacharyya distance of two boxes is at
