@@ -101,10 +101,12 @@ def test_an_export_s_keypoint_names_are_read_when_every_class_names_the_k_points
 def test_a_pose_export_s_keypoint_names_name_its_points_in_the_results_and_coco(cfg, tmp_path: Path) -> None:
     """A card of one's own YOLOv8-pose export without keypoint names: the result document names the
     points as the export's metadata does (kpt_names, from its dataset's yaml), once for all boxes, and
-    COCO export's category lists them (before session 39, numbered "1", "2", "3"); the card's own
-    keypoint_names win over the export's."""
+    COCO export's category lists them (before session 39, numbered "1", "2", "3"), as `models check`
+    does; the card's own keypoint_names win over the export's."""
     import cv2
+    from click.testing import CliRunner
 
+    from worker.cli import cli
     from worker.export import coco
     from worker.service import run_folder
     from worker.store.db import open_db
@@ -130,6 +132,10 @@ def test_a_pose_export_s_keypoint_names_name_its_points_in_the_results_and_coco(
         finally:
             db.dispose()
         assert category == {"id": 0, "name": "part", "keypoints": names}
+        conf = tmp_path / "config.yaml"
+        conf.write_text(f"models_dir: {models}\ncache_dir: {c.cache_dir}\ndb: {c.db}\n")
+        checked = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "pose"])
+        assert f"its 3 keypoints of x, y and visibility, named {', '.join(names)}\n" in checked.output, checked.output
         card.write_text(card.read_text().replace("keypoints: [3, 3]}", "keypoints: [3, 3], keypoint_names: [a, b, c]}"))
 
 

@@ -822,7 +822,10 @@ def _model_io_use(engine: Engine, name: str, post: Postprocess) -> str:
         return ": read, each box's row ending in its angle (oriented boxes)"
     if name in joined and keypoints:
         points = "x, y and visibility" if keypoints[1] == 3 else "x and y"
-        return f": read, each box's row ending in its {keypoints[0]} keypoints of {points}"
+        names = post.keypoint_names
+        named = "" if not names else f", named {', '.join(names)}" if len(names) <= 4 else \
+            f", named {', '.join(names[:3])} ... {names[-1]}"
+        return f": read, each box's row ending in its {keypoints[0]} keypoints of {points}{named}"
     if name in joined:
         return ": read" if len(joined) == 1 else f": read, joined as part {joined.index(name) + 1} of {len(joined)}"
     return ": not used"
