@@ -18,12 +18,6 @@ from typing import Callable, Sequence
 
 log = logging.getLogger("worker.disks")
 
-# low: under this many bytes free, or under LOW_FRACTION of the filesystem if more (the config's
-# metrics.low_disk_gb and metrics.low_disk_percent; these are their defaults)
-LOW_BYTES = 2 * 2**30
-LOW_FRACTION = 0.05
-
-
 @dataclass(frozen=True)
 class Filesystem:
     """One filesystem the worker writes to, named by what it holds there ("outbox and archive")."""
@@ -55,12 +49,12 @@ class LowDisk:
     """`check()` says, for each filesystem low on room, how much is free and how soon it fills at the
     rate it filled since the last check; None when none is low."""
 
-    def __init__(self, disks: Sequence[Filesystem], clock: Callable[[], float], low_bytes: int | None = None,
-                 low_fraction: float | None = None) -> None:
-        """`low_bytes`, `low_fraction`: low below either; by default LOW_BYTES and LOW_FRACTION."""
+    def __init__(self, disks: Sequence[Filesystem], clock: Callable[[], float], low_bytes: int,
+                 low_fraction: float) -> None:
+        """Low: under `low_bytes` free, or under `low_fraction` of the filesystem if that is more (the
+        config's metrics.low_disk_gb and metrics.low_disk_percent)."""
         self._disks, self._clock = list(disks), clock
-        self._low_bytes = LOW_BYTES if low_bytes is None else low_bytes
-        self._low_fraction = LOW_FRACTION if low_fraction is None else low_fraction
+        self._low_bytes, self._low_fraction = low_bytes, low_fraction
         self._last: dict[Path, tuple[float, int]] = {}  # path -> (when, free bytes) at the last check
 
     def check(self) -> str | None:
