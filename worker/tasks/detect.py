@@ -149,7 +149,7 @@ def _overlapped(boxes: np.ndarray, iou: float, block: int = 1 << 16) -> np.ndarr
     covariance; the log term is >= 0) whenever their summed covariance is not near-singular, which one box
     of w x h >= 1 px^2 ensures; so a pair overlaps by more than `iou` only within |d| < max(R_a, R_b),
     R = sqrt(8 bd_max tr): boxes whose x-intervals [cx - R, cx + R] meet, found by a sweep over them sorted
-    (`block` pairs at a time). Boxes under 1 px^2 reach every box."""
+    (`block` pairs at a time). Boxes under 1 px^2 reach every box, and two of them always get their IoU."""
     n, gone = len(boxes), np.zeros(len(boxes), bool)
     bd_max = _distance_below(iou)
     if n < 2 or bd_max <= 0:
@@ -168,7 +168,7 @@ def _overlapped(boxes: np.ndarray, iou: float, block: int = 1 << 16) -> np.ndarr
         p = np.repeat(np.arange(p0, p1), counts[p0:p1])
         q = p + 1 + np.arange(len(p)) - np.repeat(first[p0:p1] - first[p0], counts[p0:p1])
         i, j = order[p], order[q]
-        near = ~((cx[i] - cx[j]) ** 2 + (cy[i] - cy[j]) ** 2 >= 4 * bd_max * (tr[i] + tr[j])) | tiny[i] | tiny[j]
+        near = ~((cx[i] - cx[j]) ** 2 + (cy[i] - cy[j]) ** 2 >= 4 * bd_max * (tr[i] + tr[j])) | (tiny[i] & tiny[j])
         i, j = i[near], j[near]
         gone[np.maximum(i, j)[_probiou(boxes[i], boxes[j]) > iou]] = True  # the worse of the pair goes
         p0 = p1
@@ -178,9 +178,9 @@ def _overlapped(boxes: np.ndarray, iou: float, block: int = 1 << 16) -> np.ndarr
 def _distance_below(iou: float) -> float:
     """The Bhattacharyya distance under which two boxes' probiou (eps and all) is above `iou`, with a margin
     for rounding (inf: any distance; 0: none, iou >= 1)."""
-    inside = 1 + PROBIOU_EPS - (1 - min(iou, 1.0)) ** 2  # probiou > iou <=> exp(-bd) > inside
     if iou >= 1:
         return 0.0
+    inside = 1 + PROBIOU_EPS - (1 - iou) ** 2  # probiou > iou <=> exp(-bd) > inside
     if inside <= 0:
         return np.inf
     return -np.log(inside) * 1.001 + 1e-4
