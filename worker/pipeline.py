@@ -6,7 +6,8 @@
 prepare: read, hash, skip/quarantine check, claim, decode, preprocess.
 infer:   micro-batch up to max_batch or max_delay_ms, one shared session.
 finish:  postprocess, outbox write, hand the outcome to the recorder.
-archive: wait until the outcome is committed, then move, delete or keep the input, as configured.
+archive: wait until the outcome is committed, then move, delete or keep the input, as configured
+         (worker/archive.py owns those moves).
 A full queue makes the stage before it wait, never drop. Every per-image error becomes a failed
 result that flows on to the recorder. `close()` pushes sentinels through so jobs in flight finish.
 """
@@ -14,7 +15,6 @@ result that flows on to the recorder. `close()` pushes sentinels through so jobs
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import hashlib
 import logging
@@ -23,7 +23,7 @@ import queue
 import stat
 import threading
 import time
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ import cv2
 import numpy as np
 from sqlalchemy import Engine as DbEngine
 
+from worker.archive import InputArchive
 from worker.batcher import Batcher
 from worker.engine import Engine
 from worker.errors import ImageError, ImageTooLarge, InputGone, OutboxFull, WorkerError
@@ -44,7 +45,7 @@ from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.model_output import ModelOutput
 from worker.models.card import ModelCard, accepted_digests
 from worker.names import on_disk
-from worker.outbox import Outbox, move_verified
+from worker.outbox import Outbox
 from worker.results import Result, labels_of, top_score
 from worker.store.ledger import Known, Ledger, stamp_of
 from worker.store.recorder import Claimed, Commit, Finished, Recorder, Restamped
@@ -206,16 +207,8 @@ class Pipeline:
         self._card_digests = accepted_digests(card, settings.all_pages)
         # the same for a file of one page, whose result does not depend on pipeline.pages
         self._one_page_digests = accepted_digests(card, False) | accepted_digests(card, True)
-        # rel -> (size, mtime_ns) of the inputs archived lately: a job queued for content that an
-        # earlier job of the same path read and archived finds the file gone, and is not a failure
-        self._archived: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        self._archived_lock = threading.Lock()
-        # rel -> (size, mtime_ns) of inputs that could not be moved out of the inbox (a read-only inbox,
-        # no permission): done or failed on record, so each rescan leaves them unread, and unlogged,
-        # until their content changes (guarded by _archived_lock too)
-        self._stuck: OrderedDict[str, tuple[int, int]] = OrderedDict()
-        # rel -> (size, mtime_ns) of the inputs left in place by `inputs: keep`, their outcome committed
-        self._kept: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        # moves, deletes or keeps each input once its outcome is committed (None: run leaves inputs alone)
+        self._inputs = InputArchive(settings.inputs, settings.archive) if settings.inputs is not None else None
         self._pending = 0
         self._idle = threading.Condition()
         # the outbox's disk is full: intake pauses, and the images that could not be written wait
@@ -410,11 +403,9 @@ class Pipeline:
     def _claim(self, item: _Item) -> bool:
         """Read, hash, check the ledger and claim; False when already done (skipped)."""
         job = item.job
-        if self._stuck:  # empty but for a read-only inbox: no lock taken per image otherwise
-            with self._archived_lock:
-                if self._stuck.get(job.rel) == (job.size, job.mtime_ns):
-                    item.skipped = True  # its outcome is on record; only its move failed (logged once)
-                    return False
+        if self._inputs is not None and self._inputs.stuck(job):
+            item.skipped = True  # its outcome is on record; only its move failed (logged once)
+            return False
         if job.path.is_symlink():  # never followed: it could point anywhere on the machine
             raise ImageError(job.key, "symbolic link: not followed (copy the file into the folder instead)")
         try:
@@ -443,7 +434,7 @@ class Pipeline:
                 else:
                     item.data = f.read()
         except FileNotFoundError:
-            if self._archived_already(job):
+            if self._inputs is not None and self._inputs.archived_already(job):
                 item.skipped = True  # replaced while queued: the job before it read and archived this content
                 return False
             raise InputGone(job.key, "file disappeared before it could be read") from None
@@ -865,6 +856,8 @@ class Pipeline:
 
     # -- stage 4 (watch mode, or run with inputs: move|delete): move, delete or keep each input ---
     def _archive_loop(self) -> None:
+        inputs = self._inputs
+        assert inputs is not None  # the thread runs only with settings.inputs
         while (entry := self._to_archive.get()) is not _STOP:
             job, status, committed, identity = entry
             # only once its row is durable: a crash before never loses the image; an outcome the
@@ -874,91 +867,18 @@ class Pipeline:
                 self._done(job, status)
                 continue
             try:
-                self._archive(job, status, identity)
+                inputs.archive(job, status, identity)
             except Exception:  # never let one input stop the stage: it stays in the inbox, logged
                 log.exception("archive %s", job.key)
             self._done(job, status)
 
-    def _note_archived(self, rel: str, identity: tuple[int, int, int]) -> None:
-        """Remember what is about to be moved (before the move: a job reading after it finds the note)."""
-        with self._archived_lock:
-            self._archived[rel] = identity[1:]
-            self._archived.move_to_end(rel)
-            if len(self._archived) > ARCHIVED_REMEMBERED:
-                self._archived.popitem(last=False)
-
-    def _archived_already(self, job: Job) -> bool:
-        """Whether the content this job was queued for (its size and mtime) was just archived by another."""
-        with self._archived_lock:
-            return self._archived.get(job.rel) == (job.size, job.mtime_ns)
-
     def kept(self, rel: str, sig: tuple[int, int]) -> bool:
-        """Whether the input at `rel` with this (size, mtime_ns) was processed and, as configured, kept where
-        it is: intake need not submit it again. (Bounded: beyond KEPT_REMEMBERED, and after a restart, such
-        an input is submitted again and found done by its file's stamp, unread.)"""
-        with self._archived_lock:
-            return self._kept.get(rel) == sig
-
-    def _archive(self, job: Job, status: JobStatus, identity: tuple[int, int, int] | None) -> None:
-        mode, root = self.settings.inputs, self.settings.archive
-        if mode == "keep":
-            if identity is not None:
-                with self._archived_lock:
-                    self._kept[job.rel] = identity[1:]
-                    self._kept.move_to_end(job.rel)
-                    if len(self._kept) > KEPT_REMEMBERED:
-                        self._kept.popitem(last=False)
-            return
-        if root is None:
-            return
-        folder = "done" if status is JobStatus.DONE else "failed"
-        try:
-            if (current := _identity(job.path)) is None:
-                return  # nothing there (moved away, or never there)
-            if identity is not None:
-                if current != identity:
-                    # replaced under the same name after it was read (a camera rewriting latest.jpg):
-                    # the new file is not this result's; it stays for its own job (intake saw it change)
-                    log.warning("%s was replaced after it was read: left in the inbox for its own job", job.key)
-                    return
-                self._note_archived(job.rel, identity)
-            if mode == "delete" and status is JobStatus.DONE:  # a failed input is kept, in the archive, to look at
-                job.path.unlink()
-            else:
-                move_verified(job.path, root / folder / job.rel)
-        except (OSError, WorkerError) as e:
-            # a read-only or foreign inbox, or an archive on another disk that is full: remembered and said
-            # once (each rescan tries the move again without reading the input); anything else, each time
-            if not (isinstance(e, OSError) and e.errno in _STUCK_ERRNOS):
-                log.error("cannot archive %s: %s", job.key, e)
-                return
-            sig = identity[1:] if identity is not None else (job.size, job.mtime_ns)
-            with self._archived_lock:
-                known, self._stuck[job.rel] = self._stuck.get(job.rel) == sig, sig
-                if len(self._stuck) > STUCK_REMEMBERED:  # beyond it, the oldest is read and said once more
-                    self._stuck.popitem(last=False)
-            if not known:  # tried again at each rescan (the inbox may become writable), said once
-                log.error("cannot archive %s: %s; it stays in the inbox, and is not read again unless it changes "
-                          "(the move is tried again at each rescan)", job.key, e.strerror)
-        else:
-            with self._archived_lock:
-                self._stuck.pop(job.rel, None)
+        """Whether the input at `rel` with this (size, mtime_ns) was processed and kept where it is
+        (`inputs: keep`): intake need not submit it again (InputArchive.kept)."""
+        return self._inputs is not None and self._inputs.kept(rel, sig)
 
 
 _JSON_TIMINGS = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms")
-_STUCK_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
-ARCHIVED_REMEMBERED = 4096  # recent archive moves kept in memory (a few hundred KB)
-STUCK_REMEMBERED = 100_000  # inputs that could not be moved out of the inbox (about 10 MB at most)
-KEPT_REMEMBERED = 200_000  # inputs kept in the inbox by configuration (about 300 bytes each: 60 MB at most)
-
-
-def _identity(path: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime_ns) of what is at path now (a symlink itself, not followed), None if nothing."""
-    try:
-        st = path.lstat()
-    except OSError:
-        return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
 
 
 @functools.lru_cache(maxsize=1)
