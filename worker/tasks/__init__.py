@@ -39,6 +39,14 @@ def check_labels(card: ModelCard, classes: int, output: np.ndarray) -> None:
                          f"'{card.postprocess.named}' {tuple(output.shape)} has {classes} classes")
 
 
+def sigmoid(logits: np.ndarray) -> np.ndarray:
+    """1 / (1 + exp(-x)) in the logits' own float type, without overflow: logits below the floor of
+    -log(max float) (-88 in float32, -709 in float64), whose exp(-x) would overflow to inf with a warning,
+    give what the floor gives (6e-39 in float32: no threshold tells them apart)."""
+    floor = logits.dtype.type(np.floor(np.log(np.finfo(logits.dtype).max)))
+    return 1 / (1 + np.exp(-np.maximum(logits, -floor)))
+
+
 def activate(scores: np.ndarray, activation: str | None, axis: int = 0) -> np.ndarray:
     """Scores -> probabilities as a card's `postprocess.activation` says: softmax over `axis`, sigmoid,
     or as they are (`none`, or None: each task chooses its default before calling)."""
@@ -46,7 +54,7 @@ def activate(scores: np.ndarray, activation: str | None, axis: int = 0) -> np.nd
         z = np.exp(scores - scores.max(axis=axis, keepdims=True))
         return z / z.sum(axis=axis, keepdims=True)
     if activation == "sigmoid":
-        return 1.0 / (1.0 + np.exp(-scores))
+        return sigmoid(scores)
     return scores
 
 

@@ -16,7 +16,7 @@ import numpy as np
 from worker.errors import ModelError
 from worker.model_output import ModelOutput, Paired
 from worker.results import Detections, rotated_corners
-from worker.tasks import OtherOutputs, check_labels
+from worker.tasks import OtherOutputs, check_labels, sigmoid
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 
 
@@ -439,7 +439,7 @@ class Detector(CardPreprocessing):
         p = self.card.postprocess
         rows, background = self._query_rows(output)
         logits = rows[:, 4:rows.shape[1] - background].astype(np.float32)
-        scores = 1 / (1 + np.exp(-np.clip(logits, -88, 88)))  # float32, as RF-DETR's; clipped: no overflow
+        scores = sigmoid(logits)  # float32, as RF-DETR's
         queries, class_ids = np.nonzero(scores >= p.threshold)  # in order of query, then class
         picked = scores[queries, class_ids]
         order = np.argsort(-picked, kind="stable")[:min(p.max_detections, len(rows))]  # RF-DETR takes Q at most
