@@ -201,13 +201,13 @@ def test_a_multi_page_file_whose_page_finds_the_outbox_full_waits_whole(cfg, tmp
 
     import cv2
 
-    import worker.pipeline as pipeline_mod
+    import worker.outbox_room as room_mod
 
     small = tmp_path / "small"
     small.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
-    monkeypatch.setattr(pipeline_mod, "ROOM_CHECK_S", 0.1)
+    monkeypatch.setattr(room_mod, "ROOM_CHECK_S", 0.1)
     try:
         every = dataclasses.replace(cfg, outbox=small / "out", pipeline=dataclasses.replace(cfg.pipeline, pages="all"))
         (small / "out").mkdir()
@@ -243,14 +243,14 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
     room is made; stopped while waiting, the run leaves them queued for the next one."""
     import subprocess
 
-    import worker.pipeline as pipeline_mod
+    import worker.outbox_room as room_mod
 
     small = tmp_path / "small"
     small.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)], capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
-    monkeypatch.setattr(pipeline_mod, "ROOM_CHECK_S", 0.1)
-    monkeypatch.setattr(pipeline_mod, "FULL_REMINDER_S", 0.3)
+    monkeypatch.setattr(room_mod, "ROOM_CHECK_S", 0.1)
+    monkeypatch.setattr(room_mod, "FULL_REMINDER_S", 0.3)
     try:
         cfg = dataclasses.replace(effcfg, outbox=small / "out",  # samples often: `health` sees the stall
                                   metrics=dataclasses.replace(effcfg.metrics, memory_sample_s=0.05))

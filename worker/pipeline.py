@@ -42,6 +42,7 @@ from worker.images import (decode, decode_reduced, file_pages, frames, later_pag
                            tiff_pages)
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
+from worker.outbox_room import OutboxRoom
 from worker.model_output import ModelOutput
 from worker.models.card import ModelCard, accepted_digests
 from worker.names import on_disk
@@ -71,11 +72,6 @@ _CHANGED = "changed while its pages were being read; its new content is read ane
 # the constructor waits at most this long for its threads' warm-ups, all together (a slow GPU's first
 # call on a thread can take seconds); past it intake starts anyway
 WARM_UP_WAIT_S = 60.0
-# while the outbox's disk is full, one decode thread looks for room this often (and takes no new job)
-ROOM_CHECK_S = 5.0
-# and the log says again this often that the worker is still paused: an operator who missed the first
-# line, or looks at the log hours later, sees how long it has waited and how many images wait
-FULL_REMINDER_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -212,13 +208,8 @@ class Pipeline:
         self._pending = 0
         self._idle = threading.Condition()
         # the outbox's disk is full: intake pauses, and the images that could not be written wait
-        # here (still pending) until there is room again; see _defer
-        self._outbox_room = threading.Event()
-        self._outbox_room.set()
-        self._room_check = threading.Lock()
-        self._paused_at = self._reminded_at = 0.0  # time.monotonic() of the pause and of its last log line
-        self._deferred: deque[Job] = deque()
-        self._closing = threading.Event()  # stopping: nothing waits for room in the outbox any more
+        # there (still pending) until there is room again; see _defer
+        self._room = OutboxRoom(outbox.has_room, outbox.root)
         size = (card.input.size[0], card.input.size[1])
         self._size_hw = size
         self._channels = card.preprocess.channels
@@ -300,7 +291,7 @@ class Pipeline:
             except queue.Full:
                 if waiting is not None:
                     waiting()
-                if stop is not None and stop.is_set() and (not self._outbox_room.is_set() or self.recorder.down):
+                if stop is not None and stop.is_set() and (self._room.full or self.recorder.down):
                     self._done(job, JobStatus.QUEUED)
                     return False
 
@@ -338,8 +329,7 @@ class Pipeline:
 
     def close(self) -> None:
         """Finish the jobs in flight, then stop every thread (sentinels flow stage by stage)."""
-        self._closing.set()  # a decode thread waiting for room in the outbox gives up
-        self.abandon_waiting()
+        self.abandon_waiting()  # a decode thread waiting for room in the outbox gives up
         queues = [self._jobs, self._prepared, self._inferred, self._to_archive]
         for q, threads in zip(queues, self._stages):
             for _ in threads:
@@ -363,17 +353,17 @@ class Pipeline:
             # claim the jobs that are waiting (up to CLAIM_AHEAD, and 64 MiB) before decoding the oldest:
             # their claims then share one transaction; block for a job only when nothing is claimed
             while not stopping and len(ahead) < CLAIM_AHEAD and sum(i.held for i in ahead) < CLAIM_AHEAD_BYTES:
-                if not self._outbox_room.is_set():
+                if self._room.full:
                     if ahead:
                         break  # decode what is claimed first
-                    self._wait_for_outbox_room()
+                    self._room.wait()
                 try:
-                    job = self._deferred.popleft() if self._deferred else self._jobs.get(block=not ahead)
-                except (queue.Empty, IndexError):
+                    job = self._room.next_waiting() or self._jobs.get(block=not ahead)
+                except queue.Empty:
                     break
                 if job is _WAKE:
                     continue
-                if job is not _STOP and self._closing.is_set() and not self._outbox_room.is_set():
+                if job is not _STOP and self._room.stopped and self._room.full:
                     self._done(job, JobStatus.QUEUED)  # not taken: stopping while the outbox is full
                     continue
                 if job is _STOP:
@@ -786,59 +776,30 @@ class Pipeline:
     def _defer(self, item: _Item, reason: OutboxFull) -> None:
         """The outbox's disk is full: no fault of the image's. It is recorded as queued (the attempt not
         counted), its input stays where it is, and it waits with intake paused until there is room."""
-        if self._outbox_room.is_set():
-            log.error("%s: pausing until there is room (checked every %g s); waiting images keep their place",
-                      reason, ROOM_CHECK_S)
-            self._paused_at = self._reminded_at = time.monotonic()
-        self._outbox_room.clear()
         job = item.job
         self.recorder.put(Finished(job.key, item.sha256, item.size, JobStatus.QUEUED,
                                    error=f"waiting for room in the outbox ({reason})", undo_attempt=True))
-        self._deferred.append(job)
+        self._room.defer(job, reason)
         for _ in range(self.settings.decode_workers):  # a decode thread blocked on an empty queue
             try:
                 self._jobs.put_nowait(_WAKE)
             except queue.Full:
                 break
 
-    def _wait_for_outbox_room(self) -> None:
-        """Block while the outbox is full; one decode thread at a time looks for room."""
-        while not self._outbox_room.wait(ROOM_CHECK_S) and not self._closing.is_set():
-            with self._room_check:
-                if self._outbox_room.is_set():
-                    continue
-                now = time.monotonic()
-                if self.outbox.has_room():
-                    log.warning("room in the outbox again after %.0f s: resuming (%d images waited)",
-                                now - self._paused_at, len(self._deferred))
-                    self._outbox_room.set()
-                elif now - self._reminded_at >= FULL_REMINDER_S:
-                    log.error("%s: still no room after %.0f s; %d images wait (make room to resume)",
-                              self.outbox.root, now - self._paused_at, len(self._deferred))
-                    self._reminded_at = now
-
     def abandon_waiting(self) -> int:
-        """Stop waiting for room for the images deferred so far (shutdown): they stay queued in the
+        """Stop waiting for room in the outbox (shutdown): the images deferred so far stay queued in the
         database, their inputs where they are, for the next start. Returns how many."""
-        n = 0
-        while True:
-            try:
-                job = self._deferred.popleft()
-            except IndexError:
-                break
+        waiting = self._room.stop_waiting()
+        for job in waiting:
             self._done(job, JobStatus.QUEUED)
-            n += 1
-        if n:
-            log.warning("%d images still wait for room in the outbox: queued, for the next start", n)
-        return n
+        return len(waiting)
 
     def finish_or_abandon(self, stop: threading.Event | None) -> None:
         """`drain()`, but once `stop` is set, images waiting for room in the outbox, or for a database
         that refuses writes, are not waited for."""
         while not self.drain(timeout=0.2):
             if stop is not None and stop.is_set():
-                self._closing.set()  # no more waiting for room: what waits stays for the next start
-                self.abandon_waiting()
+                self.abandon_waiting()  # no more waiting for room: what waits stays for the next start
                 self.recorder.abandon()
 
     def _timings(self, item: _Item) -> dict[str, float] | None:
