@@ -8,7 +8,8 @@ infer:   micro-batch up to max_batch or max_delay_ms, one shared session.
 finish:  postprocess, outbox write, hand the outcome to the recorder.
 archive: wait until the outcome is committed, then move, delete or keep the input, as configured
          (worker/archive.py owns those moves).
-A full queue makes the stage before it wait, never drop. Every per-image error becomes a failed
+A full queue makes the stage before it wait, never drop; a full outbox disk pauses intake, the images
+that found no room waiting for it (worker/outbox_room.py). Every per-image error becomes a failed
 result that flows on to the recorder. `close()` pushes sentinels through so jobs in flight finish.
 """
 
