@@ -43,11 +43,11 @@ from worker.images import (decode, decode_reduced, file_pages, frames, later_pag
                            tiff_pages)
 from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
-from worker.outbox_room import OutboxRoom
 from worker.model_output import ModelOutput
 from worker.models.card import ModelCard, accepted_digests
 from worker.names import on_disk
 from worker.outbox import Outbox
+from worker.outbox_room import OutboxRoom
 from worker.results import Result, labels_of, top_score
 from worker.store.ledger import Known, Ledger, stamp_of
 from worker.store.recorder import Claimed, Commit, Finished, Recorder, Restamped
