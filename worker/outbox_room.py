@@ -10,6 +10,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 from worker.errors import OutboxFull
 from worker.jobs import Job
@@ -26,7 +27,7 @@ FULL_REMINDER_S = 600.0
 class OutboxRoom:
     """Whether the outbox has room, and the jobs that wait for it (any thread may call any method)."""
 
-    def __init__(self, has_room: Callable[[], bool], where: object) -> None:
+    def __init__(self, has_room: Callable[[], bool], where: Path) -> None:
         self._has_room, self._where = has_room, where  # where: the outbox's root, for the log
         self._room = threading.Event()
         self._room.set()
