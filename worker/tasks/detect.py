@@ -206,7 +206,7 @@ class Detector(CardPreprocessing):
         if layout == "end2end":
             self._check_end2end(output, kd, m, obb)
         else:
-            self._check_anchor_rows(output, others, kd, m, obb)
+            self._check_anchor_rows(output, others, kd, m, obb, paired=protos is not None)
 
     def _what_follows(self, kd: int) -> str:
         """What a row holds after its class scores when no mask coefficients do, for the errors."""
@@ -228,9 +228,11 @@ class Detector(CardPreprocessing):
         if obb:
             self._check_angles(_end2end_rows(output, obb)[:, 6], end2end=True)
 
-    def _check_anchor_rows(self, output: np.ndarray, others: OtherOutputs, kd: int, m: int, obb: int) -> None:
+    def _check_anchor_rows(self, output: np.ndarray, others: OtherOutputs, kd: int, m: int, obb: int, *,
+                           paired: bool) -> None:
         """yolov5 [A, 5+C], yolov8 [4+C, A] and detr [Q, 4+C] rows, either way round, each ending in an
-        instance segmenter's mask coefficients, a pose model's keypoints or an oriented box's angle."""
+        instance segmenter's mask coefficients, a pose model's keypoints or an oriented box's angle. `paired`:
+        the card names a prototype output (postprocess.masks), so these are a segmenter's rows already."""
         layout = self.card.postprocess.layout
         per_row = 5 if layout == "yolov5" else 4  # box (+ objectness) before the class scores
         extra = m + kd + obb
@@ -244,7 +246,7 @@ class Detector(CardPreprocessing):
             raise ModelError(f"model '{self.card.name}': layout {layout} needs one image's output as {want}{masks}; "
                              f"output '{self.card.postprocess.named}' is {list(output.shape)}")
         rows = output if axis == 1 else output.T
-        if not m and not kd and layout in ("yolov5", "yolov8") and \
+        if not paired and not kd and layout in ("yolov5", "yolov8") and \
                 (said := self._instance_segmenter(output.shape[axis] - per_row, others)):
             raise ModelError(f"model '{self.card.name}': output '{self.card.postprocess.named}' "
                              f"{tuple(output.shape)} holds {per_row} box values, {said}")
