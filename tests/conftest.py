@@ -24,8 +24,7 @@ from worker.models.pull import pull
 from worker.samples import fetch_samples
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("WORKER_SHARED", ROOT.parent / "shared"))  # beside the checkout, as in CI
-REFERENCE = SHARED / "reference"
+REFERENCE = ROOT / "tests" / "data" / "reference"  # golden outputs of the independent runtimes (see its README)
 CACHE = ROOT / ".cache" / "worker"
 
 
@@ -102,7 +101,8 @@ def cfg(tmp_path: Path, ppocr_onnx: Path) -> Config:
         db=f"sqlite:///{tmp_path / 'worker.db'}",
         cache_dir=CACHE,
         models_dir=ROOT / "models",
-        watch=dataclasses.replace(base.watch, settle_s=0.3, rescan_interval_s=2.0, incomplete_s=1.0),
+        watch=dataclasses.replace(base.watch, settle_s=0.3, rescan_interval_s=2.0, incomplete_s=1.0,
+                                  create_inbox=True),
         metrics=dataclasses.replace(base.metrics, memory_sample_s=0.5),
     )
 

@@ -24,13 +24,32 @@ def test_project_config_equals_defaults() -> None:
 
 
 def test_every_key_is_documented_in_config_yaml() -> None:
-    raw = yaml.safe_load((ROOT / "config.yaml").read_text())
+    text = (ROOT / "config.yaml").read_text()
+    raw = yaml.safe_load(text)
     flat = Config().as_dict()
     for key in flat:
         head, _, tail = key.partition(".")
-        if key == "source":
+        if key in ("source", "models_dir", "cache_dir"):
             continue
         assert head in raw and (not tail or tail in raw[head]), f"{key} missing from config.yaml"
+    for key in ("models_dir", "cache_dir"):  # their defaults are worker's own, not a folder beside the file
+        assert f"\n# {key}: " in text and key not in raw, key
+
+
+def test_the_template_works_wherever_it_is_written(tmp_path: Path, monkeypatch) -> None:
+    """`worker config --template > config.yaml` in a new folder: the cards and cache are still worker's own
+    (they were resolved against the new folder, which has no models/)."""
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner()
+    (tmp_path / "config.yaml").write_text(r.invoke(cli, ["config", "--template"]).stdout)
+    cfg = load(tmp_path / "config.yaml")
+    assert cfg.models_dir == load(None).models_dir and cfg.cache_dir == load(None).cache_dir
+    listed = r.invoke(cli, ["models", "list"])
+    assert listed.exit_code == 0 and "efficientnet-lite0" in listed.stdout, listed.output
 
 
 def test_relative_paths_resolve_against_the_config_folder(tmp_path: Path) -> None:

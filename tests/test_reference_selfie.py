@@ -1,5 +1,5 @@
 """MediaPipe's selfie segmenter, built into ONNX from its .tflite by worker.models.build_tflite, through
-the real pipeline, agrees with masks MediaPipe itself made (../shared/reference/selfie.json)."""
+the real pipeline, agrees with masks MediaPipe itself made (tests/data/reference/selfie.json)."""
 
 from __future__ import annotations
 

@@ -541,3 +541,22 @@ def test_a_run_and_a_watcher_say_at_start_that_a_disk_is_low(cfg, tmp_path: Path
     conf.write_text(where + "metrics: {low_disk_gb: 0, low_disk_percent: 0}\n")  # never low
     assert json.loads(CliRunner().invoke(cli, ["--config", str(conf), "health", "--format", "json"]).output)[
         "low_disk"] is None
+
+
+def test_watch_refuses_a_missing_inbox_and_makes_no_folder_before_its_checks(cfg, tmp_path: Path) -> None:
+    """A mistyped --inbox was made and watched, empty, forever; a mistyped --model was refused only after
+    the inbox, outbox and archive had been made."""
+    from worker.service import watch
+
+    typo = dataclasses.replace(cfg, inbox=tmp_path / "typo" / "in",
+                               watch=dataclasses.replace(cfg.watch, create_inbox=False))
+    with pytest.raises(ConfigError, match=r"'inbox' \(.*typo/in\) does not exist: .*--create"):
+        watch(typo, threading.Event(), burst=True)
+    no_model = dataclasses.replace(cfg, model="efficientnet-lite9")
+    with pytest.raises(ConfigError, match="model 'efficientnet-lite9': no card"):
+        watch(no_model, threading.Event(), burst=True)
+    with pytest.raises(ConfigError, match="model 'efficientnet-lite9': no card"):
+        run_folder(no_model, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "no folder made before the checks passed"
+    made = watch(cfg, threading.Event(), burst=True)  # watch.create_inbox (the CLI's --create)
+    assert cfg.inbox.is_dir() and made.figures["images"] == 0

@@ -85,13 +85,26 @@ def _print_summary(summary: Any) -> None:
     click.echo(f"  database: {summary.db}")
 
 
-path_options = [
-    click.option("--inbox", type=click.Path(path_type=Path), help="Folder to watch (overrides config)."),
-    click.option("--outbox", type=click.Path(path_type=Path), help="Where results go (overrides config)."),
-    click.option("--archive", type=click.Path(path_type=Path), help="Where processed inputs go (see --inputs)."),
-    click.option("--db", "db", help="Database URL, e.g. sqlite:///var/worker.db (overrides config)."),
-    click.option("--model", help="Model card name under models/ (overrides config)."),
-]
+def with_paths(*, inbox: str | None = None, archive: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The path options a command takes: --inbox (worded for the command; None: not taken), --outbox,
+    --archive (unless False), --db and --model."""
+    options = [
+        *([click.option("--inbox", type=click.Path(path_type=Path), help=inbox)] if inbox else []),
+        click.option("--outbox", type=click.Path(path_type=Path), help="Where results go (overrides config)."),
+        *([click.option("--archive", type=click.Path(path_type=Path),
+                        help="Where processed inputs go (see --inputs).")] if archive else []),
+        click.option("--db", "db", help="Database URL, e.g. sqlite:///var/worker.db (overrides config)."),
+        click.option("--model", help="Model card name under models/ (overrides config)."),
+    ]
+
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+
+    return decorate
+
+
 inputs_option = click.option(
     "--inputs", type=click.Choice(["move", "keep", "delete"]),
     help="What becomes of each input once recorded: move (to the archive), keep, or delete (done ones; failed "
@@ -111,12 +124,6 @@ path_filter = click.option("--path", "path_glob", help="Glob on the relative pat
 run_filter = click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
 model_filter = click.option("--model", help="Only images processed with this model card.")
 label_filter = click.option("--label", help="Only images with this predicted class name.")
-
-
-def with_paths(f: Callable[..., Any]) -> Callable[..., Any]:
-    for opt in reversed(path_options):
-        f = opt(f)
-    return f
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -168,11 +175,12 @@ class _OneLineFormatter(logging.Formatter):
 
 
 @cli.command()
-@with_paths
+@with_paths(inbox="Folder to watch (overrides config); it must exist, unless --create.")
+@click.option("--create", is_flag=True, help="Make the inbox if it does not exist (config: watch.create_inbox).")
 @inputs_option
 @pages_option
 @click.pass_context
-def watch(ctx: click.Context, **overrides: Any) -> None:
+def watch(ctx: click.Context, create: bool, **overrides: Any) -> None:
     """Watch the inbox and process every image that arrives; Ctrl-C stops.
 
     Once its outcome is recorded, each input moves to <archive>/done/ or <archive>/failed/ (or, with
@@ -186,6 +194,8 @@ def watch(ctx: click.Context, **overrides: Any) -> None:
     from worker.service import watch as watch_inbox
 
     cfg = _load(ctx, **overrides)
+    if create:
+        cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, create_inbox=True))
     with _two_stage_stop() as stop:
         summary = watch_inbox(cfg, stop)
     _print_summary(summary)
@@ -194,7 +204,7 @@ def watch(ctx: click.Context, **overrides: Any) -> None:
 @cli.command("run")
 @click.argument("folder", type=click.Path(path_type=Path, exists=True, file_okay=False))
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-@with_paths
+@with_paths()
 @inputs_option
 @pages_option
 @click.pass_context
@@ -572,7 +582,7 @@ def _duration(value: str, positive: bool = False) -> float:
 @click.option("--images", "images", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
               help="Folder of images to replay.")
 @click.option("--warmup", default=None, help="Left out of the RSS slope (default: metrics.warmup_s).")
-@with_paths
+@with_paths(archive=False)
 @click.pass_context
 def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **overrides: Any) -> None:
     """Replay images through the full pipeline for a long time and judge memory and latency.
@@ -933,7 +943,7 @@ def db_prune(ctx: click.Context, before: str, vacuum: bool, db_url: str | None) 
 
 
 @cli.command()
-@with_paths
+@with_paths(archive=False)
 @click.pass_context
 def demo(ctx: click.Context, **overrides: Any) -> None:
     """Pull the models and the sample images, then `run` each model over them.

@@ -61,6 +61,7 @@ class WatchConfig:
     poll_interval_s: float = field(default=1.0, metadata=_POSITIVE)  # polling observer period
     rescan_interval_s: float = 30.0  # periodic inbox rescan, catches missed events; 0 disables
     status_log_s: float = 300.0  # log a status line this often (done, failed, latency, RSS); 0 disables
+    create_inbox: bool = False  # make the inbox when it does not exist (else refused: a mistyped path)
 
 
 Disposition = Literal["move", "keep", "delete"]

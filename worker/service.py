@@ -154,9 +154,9 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None
     `inputs`: what becomes of each input once its outcome is committed (None: nothing, nor any wait)."""
     cfg = dataclasses.replace(cfg, outbox=cfg.outbox.absolute())  # as recorded: see _warn_shared_outbox
     archive = _archive(cfg, inputs)
+    card = find_card(cfg.models_dir, cfg.model)  # a mistyped model name: refused before any folder is made
     _check_dirs(cfg, root, archive)
     stabilize_allocator()
-    card = find_card(cfg.models_dir, cfg.model)  # a mistyped model name: refused before a database is made
     # the cheap checks first: a database that cannot be opened is said before a model is pulled (building
     # one from its package takes minutes the first time) and warmed up
     with database(cfg.db) as db:
@@ -246,11 +246,8 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     `ready` is set once the model is warm and the observer is live: a file landing after that is
     seen by its event (for supervisors, and for the bench's steady feed)."""
     inbox = cfg.inbox.absolute()
-    try:
-        inbox.mkdir(parents=True, exist_ok=True)
-    except OSError as e:  # a file of that name, a folder above that cannot be written
-        why = "is a file, not a folder" if inbox.exists() else f"cannot be created: {e.strerror or e}"
-        raise ConfigError(f"{cfg.source or 'config'}: 'inbox' ({inbox}) {why}") from None
+    find_card(cfg.models_dir, cfg.model)  # a mistyped model name: refused before any folder is made
+    _check_inbox(cfg, inbox)
     if cfg.inputs.watch != "keep" and not os.access(inbox, os.W_OK):  # a read-only share: results still come
         log.error("%s is not writable: processed inputs cannot be moved or deleted; they stay in the inbox "
                   "(each is read once per start)", inbox)
@@ -258,6 +255,24 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     _refuse_inside(cfg, inbox, _archive(cfg, cfg.inputs.watch))
     with inbox_lock(inbox), outbox_lock(cfg.outbox, inbox):
         return _watch(cfg, inbox, stop, burst, on_finished, ready)
+
+
+def _check_inbox(cfg: Config, inbox: Path) -> None:
+    """The inbox must be a folder; a missing one is made only when asked (watch.create_inbox, --create):
+    a mistyped path would otherwise be watched, empty, forever."""
+    where = f"{cfg.source or 'config'}: 'inbox' ({inbox})"
+    if inbox.is_dir():
+        return
+    if inbox.exists():
+        raise ConfigError(f"{where} is a file, not a folder")
+    if not cfg.watch.create_inbox:
+        raise ConfigError(f"{where} does not exist: check the path, or pass --create (config: watch.create_inbox: "
+                          f"true) to have worker make it")
+    try:
+        inbox.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # a folder above that cannot be written
+        raise ConfigError(f"{where} cannot be created: {e.strerror or e}") from None
+    log.info("created the inbox %s", inbox)
 
 
 def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
