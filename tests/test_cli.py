@@ -80,7 +80,7 @@ def _config(tmp_path: Path) -> Path:
     p = tmp_path / "config.yaml"
     p.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
                  f"models_dir: {ROOT / 'models'}\ncache_dir: {CACHE}\n"
-                 f"watch: {{settle_s: 0.3}}\nmetrics: {{memory_sample_s: 0.5}}\n")
+                 f"watch: {{settle_s: 0.3, create_inbox: true}}\nmetrics: {{memory_sample_s: 0.5}}\n")
     return p
 
 
@@ -592,3 +592,32 @@ def test_version_says_the_workers_onnxruntimes_and_pythons() -> None:
     assert out.output == f"worker {worker.__version__} (onnxruntime {version('onnxruntime')}, " \
                          f"Python {platform.python_version()})\n"
     assert version("worker") == worker.__version__  # pyproject.toml takes it from the package
+
+
+def test_read_only_commands_never_migrate_and_db_upgrade_says_the_revision(tmp_path: Path) -> None:
+    """`worker query` on a database at an older revision migrated it; now the commands that only read
+    refuse, naming the fix, and leave it as it was. `db upgrade` said `at revision head`."""
+    from sqlalchemy import text
+
+    from worker.store.db import make_engine
+
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    r = CliRunner()
+    up = r.invoke(cli, ["db", "upgrade", "--db", url])
+    assert up.exit_code == 0 and up.stdout.strip().endswith("at revision 0003 (the newest)"), up.output
+    down = r.invoke(cli, ["db", "downgrade", "0002", "--db", url])
+    assert down.exit_code == 0 and down.stdout.strip().endswith("at revision 0002"), down.output
+
+    def revision() -> str:
+        engine = make_engine(url)
+        with engine.connect() as c:
+            found = c.execute(text("SELECT version_num FROM alembic_version")).scalar_one()
+        engine.dispose()
+        return found
+
+    for command in ("query", "stats", "health", "export coco"):
+        out = r.invoke(cli, [*command.split(), "--db", url])
+        said = str(out.exception)  # main() prints a WorkerError as `error: ...`, exit 1
+        assert out.exit_code != 0 and "older than this worker's 0003" in said, (command, said)
+        assert f"worker db upgrade --db {url}" in said, command
+        assert revision() == "0002", command

@@ -46,7 +46,7 @@ def write_config(tmp: Path) -> Path:
     conf = tmp / "config.yaml"
     conf.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
                     f"model: efficientnet-lite0\nmodels_dir: {ROOT / 'models'}\ncache_dir: {CACHE}\n"
-                    "pipeline: {max_attempts: 10}\nwatch: {settle_s: 0.2, rescan_interval_s: 1.0}\n"
+                    "pipeline: {max_attempts: 10}\nwatch: {settle_s: 0.2, rescan_interval_s: 1.0, create_inbox: true}\n"
                     "metrics: {memory_sample_s: 1.0}\n")
     return conf
 

@@ -881,12 +881,12 @@ def db_upgrade(ctx: click.Context, db_url: str | None, revision: str) -> None:
     Example:
       worker db upgrade --db sqlite:///var/worker.db
     """
-    from worker.store.db import disposing, make_engine, upgrade
+    from worker.store.db import disposing, make_engine, revision_of, upgrade
 
     cfg = _load(ctx, db=db_url)
     with disposing(make_engine(cfg.db)) as engine:
         upgrade(engine, revision)
-    click.echo(f"{cfg.db}: at revision {revision}")
+        click.echo(f"{config_mod.without_password(cfg.db)}: at revision {revision_of(engine)}")
 
 
 @db.command("downgrade")
@@ -900,12 +900,12 @@ def db_downgrade(ctx: click.Context, revision: str, db_url: str | None) -> None:
     Example:
       worker db downgrade base --db sqlite:///tmp/scratch.db
     """
-    from worker.store.db import disposing, downgrade, make_engine
+    from worker.store.db import disposing, downgrade, make_engine, revision_of
 
     cfg = _load(ctx, db=db_url)
     with disposing(make_engine(cfg.db)) as engine:
         downgrade(engine, revision)
-    click.echo(f"{cfg.db}: at revision {revision}")
+        click.echo(f"{config_mod.without_password(cfg.db)}: at revision {revision_of(engine)}")
 
 
 @db.command("prune")

@@ -197,11 +197,11 @@ def in_effect(path: Path | None) -> list[tuple[str, Any, bool]]:
     else:  # read once: the file's own keys, and the configuration they give
         raw = read_yaml(Path(path), "config file")
         cfg, given = _loaded(raw, Path(path)), set(_flatten(raw)) if isinstance(raw, dict) else set()
-    shown = {**cfg.as_dict(), "db": _without_password(cfg.db)}  # printed, perhaps pasted into a ticket
+    shown = {**cfg.as_dict(), "db": without_password(cfg.db)}  # printed, perhaps pasted into a ticket
     return [(key, value, key in given) for key, value in shown.items() if key != "source"]
 
 
-def _without_password(url: str) -> str:
+def without_password(url: str) -> str:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
 

@@ -205,6 +205,15 @@ def _refuse_newer(engine: Engine, current: set[str], script: ScriptDirectory) ->
                          f"that worker, or with it `worker db downgrade {newest}` first")
 
 
+def revision_of(engine: Engine) -> str:
+    """The schema's revision as `db upgrade` and `db downgrade` say it: `0003 (the newest)`, `base (empty)`."""
+    current, script = _schema(engine, alembic_config(engine))
+    if not current:
+        return "base (no schema)"
+    newest = " (the newest)" if current == set(script.get_heads()) else ""
+    return ", ".join(sorted(current)) + newest
+
+
 def _heads(conn: Connection) -> set[str]:
     """The schema's Alembic revisions (none: no schema yet)."""
     return set(MigrationContext.configure(conn).get_current_heads())
@@ -274,8 +283,31 @@ def open_db(url: str, create: bool = True, read_only: bool = False) -> Engine:
                         "locks are not to be trusted, and no other machine can use the file meanwhile): put it on a "
                         "local disk, or use PostgreSQL", path, share)
     engine = make_engine(url)
-    upgrade(engine)
+    if read_only:
+        _require_current(engine)
+    else:
+        upgrade(engine)
     return engine
+
+
+def _require_current(engine: Engine) -> None:
+    """A command that only reads never migrates (a `worker query` must not rewrite the tables under a worker
+    of another version): a schema older than this worker's is refused with the way to upgrade it."""
+    cfg = alembic_config(engine)
+    try:
+        current, script = _schema(engine, cfg)
+    except Exception as e:
+        engine.dispose()
+        raise StoreError(f"database {engine.url}: cannot open it: {_driver_words(e)}{_folder_hint(engine, e)}") from e
+    heads = set(script.get_heads())
+    if current == heads:
+        return
+    engine.dispose()
+    _refuse_newer(engine, current, script)
+    where = engine.url.render_as_string(hide_password=True)
+    raise StoreError(f"database {where}: its schema is at revision {', '.join(sorted(current)) or 'none'}, older "
+                     f"than this worker's {', '.join(sorted(heads))}; this command only reads, so it does not "
+                     f"migrate it: run `worker db upgrade --db {where}` (or start `worker run` or `watch` on it) first")
 
 
 def database(url: str, create: bool = True, read_only: bool = False) -> contextlib.AbstractContextManager[Engine]:
