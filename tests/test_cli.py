@@ -621,3 +621,50 @@ def test_read_only_commands_never_migrate_and_db_upgrade_says_the_revision(tmp_p
         assert out.exit_code != 0 and "older than this worker's 0003" in said, (command, said)
         assert f"worker db upgrade --db {url}" in said, command
         assert revision() == "0002", command
+
+
+def test_run_on_a_terminal_prints_log_lines_above_its_progress_bar(tmp_path: Path, samples: Path,
+                                                                     effnet_onnx: Path) -> None:
+    """On a terminal the bar was drawn, then a log line written after it on the same line
+    (`0/3 [00:00<?, ?img/s]2026-12-05 ... INFO worker.engine: ...`)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    conf = _config(tmp_path)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("chelsea.png", "coffee.png", "rocket.jpg"):
+        shutil.copy(samples / name, folder / name)
+    controller, terminal = pty.openpty()
+    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))  # a new pty has 0x0: no bar
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
+                             "--model", "efficientnet-lite0"], stdin=terminal, stdout=terminal, stderr=terminal)
+    os.close(terminal)
+    said = bytearray()
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the process closed the terminal
+            break
+        if not chunk:
+            break
+        said += chunk
+    os.close(controller)
+    assert proc.wait(60) == 0, said.decode(errors="replace")
+    pieces = said.decode(errors="replace").replace("\r", "\n").split("\n")
+    assert any("img/s]" in p for p in pieces) and any(" INFO worker." in p for p in pieces), pieces
+    assert not [p for p in pieces if "img" in p and " INFO " in p], "a log line written into the bar"
+
+
+def test_each_command_takes_and_words_its_own_path_options() -> None:
+    """`run --help` listed --inbox as "Folder to watch" (it takes FOLDER); soak and demo an --archive they
+    never fill."""
+    def helped(command: str) -> str:
+        return CliRunner().invoke(cli, [command, "--help"]).output
+
+    assert "--inbox" not in helped("run") and "FOLDER" in helped("run")
+    assert "Folder to watch" in helped("watch") and "--create" in helped("watch")
+    for command in ("soak", "demo"):
+        assert "--inbox" not in helped(command) and "--archive" not in helped(command), command

@@ -219,6 +219,7 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
       worker run ./scanned-documents --model ppocr-det --pages all
     """
     from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
 
     from worker.service import run_folder
 
@@ -231,8 +232,8 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
         bar.total = n
         bar.refresh()
 
-    try:
-        with _two_stage_stop() as stop:
+    try:  # log lines printed above the bar, not into it
+        with _two_stage_stop() as stop, logging_redirect_tqdm(tqdm_class=tqdm):
             summary = run_folder(cfg, folder, stop, progress=bar.update, total=set_total)
     finally:
         bar.close()
