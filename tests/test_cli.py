@@ -145,7 +145,8 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     for window, expected in ((["--since", "1h"], 2), (["--until", "1h"], 0), (["--since", "1d", "--until", "30s"], 0),
                              (["--since", "2026-01-01", "--until", "0s"], 2)):
         out = r.invoke(cli, ["--config", str(conf), "query", "--format", "json", *window])
-        assert out.exit_code == 0 and len(json.loads(out.output)) == expected, (window, out.output)
+        assert len(json.loads(out.stdout)) == expected, (window, out.output)
+        assert out.exit_code == (0 if expected else 1) and ("no image matched" in out.stderr) == (not expected)
     # a run that is not on record is said, not answered with nothing (or an empty COCO file: session 28)
     for command in (["query"], ["stats"], ["retry"], ["export", "coco", "--model", "ppocr-det", "-o",
                                                         str(tmp_path / "c.json")]):
@@ -393,6 +394,13 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
     assert cup["bbox"][0] == 150.15 and abs(cup["bbox"][2] - (427.82 - 150.15)) < 0.02
     out = r.invoke(cli, ["--config", str(conf), "query", "--label", "motorbike", "--min-score", "0.5"])
     assert "motorcycle_left.png" in out.output and "coffee.png" not in out.output
+    assert out.output.splitlines()[0].split()[6:10] == ["top_label", "score", "matched_label", "matched_score"]
+    # any case, and the label that matched shown with its score (the top label may be another class's)
+    out = r.invoke(cli, ["--config", str(conf), "query", "--label", "CUP", "--format", "json"])
+    (row,) = json.loads(out.stdout)
+    assert row["rel_path"] == "coffee.png" and row["matched_label"] == "cup" and abs(row["matched_score"] - 0.6469) < 1e-3
+    out = r.invoke(cli, ["--config", str(conf), "query", "--label", "cups"])
+    assert out.exit_code == 1 and "no image matched (--label 'cups': any case" in out.stderr
 
     # results are per model: a classifier's are not COCO annotations, and another model's images are not exported
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--model", "efficientnet-lite0"])
@@ -400,7 +408,8 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--model", "ppocr-det"])
     assert json.loads(out.stdout)["images"] == [] and "no done results of model 'ppocr-det' match" in out.stderr
     assert len(r.invoke(cli, ["--config", str(conf), "query", "--model", "yolov3-tiny"]).output.splitlines()) == 4
-    assert len(r.invoke(cli, ["--config", str(conf), "query", "--model", "ppocr-det"]).output.splitlines()) <= 1
+    out = r.invoke(cli, ["--config", str(conf), "query", "--model", "ppocr-det"])
+    assert out.exit_code == 1 and out.stdout == "" and out.stderr == "no image matched\n"
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "nothing/*"])
     assert json.loads(out.stdout)["images"] == [] and "no done results of model 'yolov3-tiny' match" in out.stderr
     # an -o that cannot be written (a folder of that name): one line, not a traceback (session 28)

@@ -123,7 +123,7 @@ path_filter = click.option("--path", "path_glob", help="Glob on the relative pat
                                                         "file's full path when it starts with /.")
 run_filter = click.option("--run", "run_id", type=int, help="Only images last touched by this run.")
 model_filter = click.option("--model", help="Only images processed with this model card.")
-label_filter = click.option("--label", help="Only images with this predicted class name.")
+label_filter = click.option("--label", help="Only images with this predicted class name (any case).")
 
 
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
@@ -335,11 +335,17 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     with database(cfg.db, create=False, read_only=True) as engine:
         rows = query_images(engine, dataclasses.replace(filters, limit=limit + 1))  # one more: are there more?
     left_out = len(rows) > limit
-    _emit(rows[1:] if left_out else rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label",
-                                            "score", "total_ms", "updated_at", "error"],
-          more=["created_at", "root", *STAGES[:-1], "batch_size", "sha256", "json_path", "mask_path"])
+    matched = ["matched_label", "matched_score"] if label is not None or min_score is not None else []
+    if rows or fmt != "table":  # a table of no rows: no header either
+        _emit(rows[1:] if left_out else rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label",
+                                                "score", *matched, "total_ms", "updated_at", "error"],
+              more=["created_at", "root", *STAGES[:-1], "batch_size", "sha256", "json_path", "mask_path"])
     if left_out:  # after the rows, where a reader of a long table looks last
         click.echo(f"(the latest {limit} matching images, oldest first; --limit shows more)", err=True)
+    if not rows:
+        click.echo("no image matched" + (f" (--label {label!r}: any case, a class's whole name)" if label else ""),
+                   err=True)
+        sys.exit(1)
 
 
 @cli.command()

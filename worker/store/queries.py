@@ -72,12 +72,17 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
     an image not done)."""
     top_label = (select(LabelRow.name).where(LabelRow.image_id == ImageRow.id)
                  .order_by(LabelRow.score.desc()).limit(1).scalar_subquery())
+    matching = _matching_labels(f)  # with --label or --min-score: the best label that matched, and its score
+    matched = [] if matching is None else [
+        select(column).where(LabelRow.image_id == ImageRow.id, *matching).order_by(LabelRow.score.desc())
+        .limit(1).scalar_subquery().label(name)
+        for column, name in ((LabelRow.name, "matched_label"), (LabelRow.score, "matched_score"))]
     root = select(Run.root).where(Run.id == ImageRow.run_id).scalar_subquery()
     stmt = (select(ImageRow.id, ImageRow.run_id, ImageRow.rel_path, ImageRow.status, ImageRow.attempts,
                    ImageRow.error, ImageRow.model, ImageRow.sha256, ImageRow.created_at, ImageRow.updated_at,
                    root.label("root"), ResultRow.task, ResultRow.score, ResultRow.json_path, ResultRow.mask_path,
                    top_label.label("top_label"), *(getattr(TimingRow, s) for s in STAGES), TimingRow.batch_size,
-                   ResultRow.payload.label("result"))
+                   ResultRow.payload.label("result"), *matched)
             .outerjoin(ResultRow, ResultRow.image_id == ImageRow.id)
             .outerjoin(TimingRow, TimingRow.image_id == ImageRow.id))
     conds = []
@@ -97,13 +102,8 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
         conds.append(ImageRow.run_id == f.run_id)
     if f.model is not None:
         conds.append(ImageRow.model == f.model)
-    if f.label is not None or f.min_score is not None:
-        sub = select(LabelRow.image_id)
-        if f.label is not None:
-            sub = sub.where(LabelRow.name == f.label)
-        if f.min_score is not None:
-            sub = sub.where(LabelRow.score >= f.min_score)
-        conds.append(ImageRow.id.in_(sub))
+    if matching is not None:
+        conds.append(ImageRow.id.in_(select(LabelRow.image_id).where(*matching)))
     if conds:
         stmt = stmt.where(and_(*conds))
     # the latest `limit` (a database of months answered with its first thousand images hid today's),
@@ -119,6 +119,14 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
             d[when] = d[when].isoformat() if d[when] else None
         out.append(d)
     return out
+
+
+def _matching_labels(f: Filters) -> list[Any] | None:
+    """The conditions on a label row that --label (any case: `Cup` finds `cup`) and --min-score set."""
+    if f.label is None and f.min_score is None:
+        return None
+    return [*([func.lower(LabelRow.name) == f.label.lower()] if f.label is not None else []),
+            *([LabelRow.score >= f.min_score] if f.min_score is not None else [])]
 
 
 def _require_run(c: Any, run_id: int | None) -> None:
