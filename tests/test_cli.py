@@ -16,6 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import CACHE, ROOT, wait_for
+from tests.support.terminal import on_a_terminal
 from worker.cli import cli
 from worker.config import Config
 
@@ -636,33 +637,15 @@ def test_run_on_a_terminal_prints_log_lines_above_its_progress_bar(tmp_path: Pat
                                                                      effnet_onnx: Path) -> None:
     """On a terminal the bar was drawn, then a log line written after it on the same line
     (`0/3 [00:00<?, ?img/s]2026-12-05 ... INFO worker.engine: ...`)."""
-    import fcntl
-    import pty
-    import struct
-    import termios
-
     conf = _config(tmp_path)
     folder = tmp_path / "in"
     folder.mkdir()
     for name in ("chelsea.png", "coffee.png", "rocket.jpg"):
         shutil.copy(samples / name, folder / name)
-    controller, terminal = pty.openpty()
-    fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))  # a new pty has 0x0: no bar
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
-                             "--model", "efficientnet-lite0"], stdin=terminal, stdout=terminal, stderr=terminal)
-    os.close(terminal)
-    said = bytearray()
-    while True:
-        try:
-            chunk = os.read(controller, 65536)
-        except OSError:  # the process closed the terminal
-            break
-        if not chunk:
-            break
-        said += chunk
-    os.close(controller)
-    assert proc.wait(60) == 0, said.decode(errors="replace")
-    pieces = said.decode(errors="replace").replace("\r", "\n").split("\n")
+    status, said = on_a_terminal([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
+                                  "--model", "efficientnet-lite0"])
+    assert status == 0, said
+    pieces = said.replace("\r", "\n").split("\n")
     assert any("img/s]" in p for p in pieces) and any(" INFO worker." in p for p in pieces), pieces
     assert not [p for p in pieces if "img" in p and " INFO " in p], "a log line written into the bar"
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from click.testing import CliRunner
 from sqlalchemy import func, select, update
 
+from tests.support.terminal import on_a_terminal
 from tests.test_cli import _config
 from worker.cli import cli
 from worker.service import run_folder
 from worker.store.db import open_db
-from worker.store.prune import prune
+from worker.store.prune import prune, would_prune
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
 
 
@@ -48,8 +50,11 @@ def test_prune_forgets_old_images_samples_and_runs(cfg, tmp_path: Path, samples:
 
     before = {t: count(t) for t in (ImageRow, ResultRow, LabelRow, TimingRow, Run)}
     assert before[ImageRow] == 5 and before[Run] == 3
-    pruned = prune(db, datetime.now(timezone.utc) - timedelta(days=90), batch=2)  # batches of 2: two and one
-    assert (pruned.images, pruned.runs) == (3, 1) and pruned.samples >= 2
+    cutoff = datetime.now(timezone.utc) - timedelta(days=90)
+    counted = would_prune(db, cutoff)  # `--dry-run`: counted, nothing deleted
+    assert {t: count(t) for t in before} == before
+    pruned = prune(db, cutoff, batch=2)  # batches of 2: two and one
+    assert (pruned.images, pruned.runs) == (3, 1) and pruned.samples >= 2 and counted == pruned
     with db.connect() as conn:
         assert sorted(conn.scalars(select(ImageRow.rel_path))) == ["astronaut.png", "rocket.jpg"]
         assert sorted(conn.scalars(select(Run.id))) == runs[1:]  # b: its image in flight refers to it
@@ -77,3 +82,22 @@ def test_prune_command(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     assert "freed pages" not in out.output
     out = r.invoke(cli, ["--config", str(conf), "db", "prune", "--before", "last week"])
     assert out.exit_code != 0 and "not an ISO date" in out.output
+
+
+def test_prune_counts_with_dry_run_and_asks_first_on_a_terminal(tmp_path: Path, samples: Path,
+                                                                ppocr_onnx: Path) -> None:
+    """`db prune --before 2999-01-01` deleted everything at once: no --dry-run, no question."""
+    conf = _config(tmp_path)
+    folder = _folder(tmp_path / "in", samples, ("page.png",))
+    r = CliRunner()
+    assert r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"]).exit_code == 0
+    out = r.invoke(cli, ["--config", str(conf), "db", "prune", "--before", "2999-01-01", "--dry-run"])
+    assert out.exit_code == 0 and out.output.startswith("would prune 1 images") and "1 runs" in out.output, out.output
+    prune_it = [sys.executable, "-m", "worker", "--config", str(conf), "db", "prune", "--before", "2999-01-01"]
+    status, said = on_a_terminal(prune_it, answer=b"n\n")
+    assert status == 1 and "this deletes 1 images" in said and "delete them? [y/N]" in said and "Aborted" in said, said
+    assert r.invoke(cli, ["--config", str(conf), "query"]).exit_code == 0  # still there
+    status, said = on_a_terminal(prune_it, answer=b"y\n")
+    assert status == 0 and "pruned 1 images" in said, said
+    status, said = on_a_terminal([*prune_it, "--yes"])  # nothing left; --yes: not asked
+    assert status == 0 and "delete them?" not in said and "pruned 0 images" in said, said

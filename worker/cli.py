@@ -918,32 +918,44 @@ def db_downgrade(ctx: click.Context, revision: str, db_url: str | None) -> None:
 @db.command("prune")
 @click.option("--before", required=True,
               help="Forget what is older than this: an age (90d, 12h) or an ISO date/time (2026-09-01).")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
 @click.option("--vacuum", is_flag=True, help="Then give the space back to the filesystem (SQLite rewrites the file).")
 @click.option("--db", "db_url", help="Database URL (overrides config).")
 @click.pass_context
-def db_prune(ctx: click.Context, before: str, vacuum: bool, db_url: str | None) -> None:
+def db_prune(ctx: click.Context, before: str, dry_run: bool, yes: bool, vacuum: bool, db_url: str | None) -> None:
     """Delete the images (with their results, labels and timings), memory samples and finished runs
     older than --before; images in flight are kept. A folder whose images were pruned is processed
-    again by `worker run`.
+    again by `worker run`. On a terminal it says what it would delete and asks first (--yes does not
+    ask); --dry-run only counts.
 
     \b
     Example:
-      worker db prune --before 90d
-      worker db prune --before 2026-09-01 --vacuum
+      worker db prune --before 90d --dry-run
+      worker db prune --before 2026-09-01 --vacuum --yes
     """
     from worker.store.db import database, sqlite_file
-    from worker.store.prune import prune, vacuum as vacuum_db
+    from worker.store.prune import Pruned, prune, vacuum as vacuum_db, would_prune
+
+    def said(what: Pruned) -> str:
+        return (f"{what.images} images (with their results, labels and timings), {what.samples} memory samples "
+                f"and {what.runs} runs from before {cutoff.isoformat(timespec='seconds')}")
 
     cfg = _load(ctx, db=db_url)
     cutoff = _cutoff(before)
     path = sqlite_file(cfg.db)
     with database(cfg.db, create=False) as engine:
+        if dry_run or (not yes and sys.stdin.isatty()):
+            counted = would_prune(engine, cutoff)
+            click.echo(f"{'would prune' if dry_run else 'this deletes'} {said(counted)}")
+            if dry_run:
+                return
+            click.confirm("delete them?", abort=True)
         size_before = path.stat().st_size if path is not None else None
         done = prune(engine, cutoff)
         if vacuum:
             vacuum_db(engine)
-    click.echo(f"pruned {done.images} images (with their results, labels and timings), {done.samples} memory "
-               f"samples and {done.runs} runs from before {cutoff.isoformat(timespec='seconds')}")
+    click.echo(f"pruned {said(done)}")
     if path is not None and size_before is not None:
         click.echo(f"  {path}: {size_before / 1e6:.1f} -> {path.stat().st_size / 1e6:.1f} MB"
                    + ("" if vacuum else " (freed pages are reused; --vacuum gives them back)"))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Engine, delete, exists, select, text
+from sqlalchemy import Engine, and_, delete, exists, func, not_, select, text
 
 from worker.jobs import JobStatus
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
@@ -54,6 +54,22 @@ def prune(db: Engine, before: datetime, batch: int = BATCH) -> Pruned:
             & ~exists().where(MemorySample.run_id == Run.id)
         runs = c.execute(delete(Run).where(Run.finished_at.is_not(None), Run.finished_at < before, unreferenced)
                          ).rowcount
+    return Pruned(images, samples, runs)
+
+
+def would_prune(db: Engine, before: datetime) -> Pruned:
+    """What `prune(db, before)` would delete, counted without deleting (`db prune --dry-run`, and the
+    question asked before a prune on a terminal). Reads only: no lock held over a worker's writes."""
+    ended = (JobStatus.DONE.value, JobStatus.FAILED.value)
+    gone = and_(ImageRow.updated_at < before, ImageRow.status.in_(ended))
+    kept_image = exists().where(ImageRow.run_id == Run.id, not_(gone))
+    kept_timing = exists().where(TimingRow.run_id == Run.id, TimingRow.image_id == ImageRow.id, not_(gone))
+    kept_sample = exists().where(MemorySample.run_id == Run.id, MemorySample.at >= before)
+    with db.connect() as c:
+        images = c.execute(select(func.count()).select_from(ImageRow).where(gone)).scalar_one()
+        samples = c.execute(select(func.count()).select_from(MemorySample).where(MemorySample.at < before)).scalar_one()
+        runs = c.execute(select(func.count()).select_from(Run).where(
+            Run.finished_at.is_not(None), Run.finished_at < before, ~kept_image, ~kept_timing, ~kept_sample)).scalar_one()
     return Pruned(images, samples, runs)
 
 
