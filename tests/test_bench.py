@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import json
 from pathlib import Path
 
 import numpy as np
@@ -80,33 +81,39 @@ def _result(model: str, width: int, **figures: float) -> CorpusResult:
     return CorpusResult(model=model, width=width, **{**base, **figures})  # type: ignore[arg-type]
 
 
-def test_verdicts_hold_each_corpus_to_the_issues_targets() -> None:
+def _code(what: str) -> str:
+    """A target's name in the bench's table, as its wording ends: `... (C/limit)` -> `C/limit`."""
+    return what.rsplit("(", 1)[1].rstrip(")")
+
+
+def test_verdicts_hold_each_corpus_to_the_targets() -> None:
     results = [_result("efficientnet-lite0", 640, worker=135.8, ratio_naive=1.29, worker_rss_peak_mb=401.0),
                _result("efficientnet-lite0", 1920, ratio_naive=1.5, steady_p99_ms=40.1, steady_first_ms=41.0),
                _result("yolov3-tiny", 640, worker=136.0, ratio_naive=0.5)]
-    got = {(v.where, v.what.split(" on ")[0]): v for v in verdicts(results)}
+    got = {(v.where, _code(v.what)): v for v in verdicts(results)}
     assert {k: v.met for k, v in got.items()} == {
         ("efficientnet-lite0 640 px", "C/limit"): False,  # 135.8 / 160 = 0.849
         ("efficientnet-lite0 640 px", "C/B"): False,  # 1.29 < 1.3
         ("efficientnet-lite0 640 px", "D p99/p50"): True,  # 2.0 is within
         ("efficientnet-lite0 640 px", "D first/p99"): True,
-        ("efficientnet-lite0 640 px", "C peak RSS MB"): False,
+        ("efficientnet-lite0 640 px", "C peak RSS"): False,
         ("efficientnet-lite0 1920 px", "C/limit"): True,  # 0.90
         ("efficientnet-lite0 1920 px", "C/B"): True,  # 1.5 against 1920 px's own target, 1.5
         ("efficientnet-lite0 1920 px", "D p99/p50"): False,  # 2.005
         ("efficientnet-lite0 1920 px", "D first/p99"): False,  # the first image over p99: a cold start
-        ("efficientnet-lite0 1920 px", "C peak RSS MB"): True,
+        ("efficientnet-lite0 1920 px", "C peak RSS"): True,
         ("yolov3-tiny 640 px", "C/limit"): True,  # 136 / 160 = 0.85 exactly; C/B: efficientnet-lite0's only
         ("yolov3-tiny 640 px", "D p99/p50"): True,
         ("yolov3-tiny 640 px", "D first/p99"): True,
     }
     assert got[("efficientnet-lite0 640 px", "C/limit")].value == pytest.approx(0.84875)
     assert str(got[("efficientnet-lite0 640 px", "C/B")]).startswith("MISSED  efficientnet-lite0 640 px")
-    assert "C peak RSS MB on 300 images 401 <= 400" in str(got[("efficientnet-lite0 640 px", "C peak RSS MB")])
+    assert str(got[("efficientnet-lite0 640 px", "C peak RSS")]).endswith(
+        "worker run peak memory over 300 images, MB (C peak RSS) 401 <= 400")
     # --json carries them per corpus, beside the figures
     (first, *_) = as_dicts(results)
     assert first["ratio_limit"] == pytest.approx(0.84875) and first["images"] == 300
-    assert [(t["what"].split(" on ")[0], t["met"]) for t in first["targets"]] == [
+    assert [(_code(t["what"]), t["met"]) for t in first["targets"]] == [
         (what, v.met) for (where, what), v in got.items() if where == "efficientnet-lite0 640 px"]
 
 
@@ -133,10 +140,11 @@ def test_the_bench_feeds_a_users_own_model_as_the_worker_does(tmp_path: Path) ->
     import yaml
     from onnx import TensorProto
 
+    from click.testing import CliRunner
+
     from tests.conftest import CACHE
     from tests.test_own_models import _card_file, _channels_last_model
-    from worker.bench import bench_model
-    from worker.config import load
+    from worker.cli import cli
 
     models = tmp_path / "models"
     folder = _card_file(models, "tf", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
@@ -146,11 +154,17 @@ def test_the_bench_feeds_a_users_own_model_as_the_worker_does(tmp_path: Path) ->
     settings = yaml.safe_load((ROOT / "config.yaml").read_text())  # C runs `worker run` with this config
     settings.update(models_dir=str(models), cache_dir=str(CACHE))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(settings))
-    said: list[str] = []
-    (r,) = bench_model(load(tmp_path / "config.yaml"), "tf", (640,), 12, tmp_path / "work", said.append, rounds=1)
-    assert r.model == "tf" and r.images == 12
-    assert min(r.bare_1t, r.bare_parallel, r.naive, r.naive_worker_pre, r.worker, r.steady_p50_ms) > 0
-    assert any(line.startswith("    round 1: A 1 thread ") for line in said)
+    # through the command, with --check: exit 1 exactly when a target is missed (12 images rarely meet them)
+    out = CliRunner().invoke(cli, ["--config", str(tmp_path / "config.yaml"), "bench", "--model", "tf", "--width",
+                                   "640", "--images", "12", "--rounds", "1", "--check", "--json",
+                                   str(tmp_path / "bench.json")])
+    (r,) = json.loads((tmp_path / "bench.json").read_text())
+    assert r["model"] == "tf" and r["images"] == 12
+    assert min(r[k] for k in ("bare_1t", "bare_parallel", "naive", "naive_worker_pre", "worker", "steady_p50_ms")) > 0
+    assert "    round 1: A 1 thread " in out.stdout and "Issue" not in out.stdout
+    missed = [t for t in r["targets"] if not t["met"]]
+    assert out.exit_code == (1 if missed else 0), out.output
+    assert f"{len(r['targets']) - len(missed)} of {len(r['targets'])} targets met" in out.stdout
 
 
 def test_a_json_path_that_cannot_be_written_is_said_before_the_bench_runs(tmp_path: Path) -> None:

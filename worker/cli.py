@@ -637,16 +637,20 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
               help="Rounds of B and C, each bracketed by the 1-thread rate; the median round counts.")
 @click.option("--json", "json_out", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the figures as JSON here.")
+@click.option("--check", is_flag=True, help="Exit 1 when a target is missed (for CI or a new machine's check).")
 @click.pass_context
 def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], count: int, rounds: int,
-          json_out: Path | None) -> None:
-    """Measure bare inference, the naive loop and `worker run` side by side, with the machine's limit.
+          json_out: Path | None, check: bool) -> None:
+    """Measure bare inference, a plain per-image loop and `worker run` side by side, with the machine's
+    limit, and hold them to the targets (worker run's speed against the limit and the plain loop, the
+    watcher's latency tail and first image, peak memory). --check exits 1 when one is missed.
 
     \b
     Example:
       worker bench --model efficientnet-lite0 --images 300
+      worker bench --model efficientnet-lite0 --width 640 --check
     """
-    from worker.bench import as_dicts, run_bench
+    from worker.bench import as_dicts, run_bench, verdicts
     from worker.service import DEMO_MODELS
 
     cfg = _load(ctx)
@@ -658,6 +662,8 @@ def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], 
     results = run_bench(cfg, models or DEMO_MODELS, widths or (640, 1920), count, click.echo, rounds)
     if json_out is not None:
         _write_file(json_out, json.dumps(as_dicts(results), indent=1))
+    if check and not all(v.met for v in verdicts(results)):
+        sys.exit(1)
 
 
 @cli.command("config")
