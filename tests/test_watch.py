@@ -513,8 +513,9 @@ def test_a_file_still_cut_short_is_taken_once_unchanged_for_incomplete_s(tmp_pat
         assert time.monotonic() - held_at >= 0.5  # not before: the intake's clock decides
     assert [j.rel for j in submitted] == ["new.jpg"]
     said = [r.getMessage() for r in caplog.records if "looks cut short" in r.getMessage()]
-    assert said == ["new.jpg looks cut short (no JPEG end-of-image marker after the last scan): waiting until it "
-                    "has not changed for 0.5 s (watch.incomplete_s)"]
+    assert said == ["new.jpg looks cut short (no JPEG end-of-image marker after the last scan): waiting for its "
+                    "writer to finish it (taken once it is complete, or as it is once unchanged for 0.5 s: "
+                    "watch.incomplete_s)"]
 
 
 def test_a_kept_input_is_not_read_to_judge_it(tmp_path: Path, samples: Path, monkeypatch) -> None:

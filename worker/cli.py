@@ -974,7 +974,7 @@ def demo(ctx: click.Context, **overrides: Any) -> None:
     """Pull the models and the sample images, then `run` each model over them.
 
     Runs the three bundled cards (text masks, ImageNet labels, COCO boxes), or only --model,
-    each into <outbox>/<model>/.
+    each into <outbox>/<model>/, with an overlay per image (<name>.overlay.jpg: the result drawn on it).
 
     \b
     Example:
@@ -991,7 +991,9 @@ def demo(ctx: click.Context, **overrides: Any) -> None:
         box = s.outbox
         for image in sorted(p.name for p in folder.iterdir()):
             click.echo(f"    {image:<22} {describe(box, image)}")
-    click.echo("see results: worker query; timings and memory: worker stats")
+    click.echo("look at the results drawn on the images: "
+               + ", ".join(f"{s.outbox}/*.overlay.jpg" for s in summaries))
+    click.echo("the results as data: worker query; timings and memory: worker stats")
 
 
 def main() -> None:

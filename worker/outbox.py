@@ -18,6 +18,7 @@ import stat
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -122,6 +123,18 @@ def output_rel(rel: str) -> str:
     return posixpath.join(folder, fit_name(name, _LONGEST_SUFFIX))
 
 
+@dataclass(frozen=True)
+class PageOutputs:
+    """Where one image's (or page's) mask and overlay were written, relative to the outbox; None: not written."""
+
+    mask: str | None = None
+    overlay: str | None = None
+
+    def named(self) -> dict[str, str]:
+        """The written ones as the result document names them: {"mask": ..., "overlay": ...}."""
+        return {k: v for k, v in (("mask", self.mask), ("overlay", self.overlay)) if v is not None}
+
+
 class Outbox:
     """Writes <outbox>/<rel>.json and, as configured, .mask.png, .txt (YOLO) and .overlay.jpg; or, for a
     failed image, <rel>.error.json (with a name too long for that cut short: output_rel). The outbox
@@ -150,23 +163,22 @@ class Outbox:
         return inside(self.root, rel)
 
     def write(self, rel: str, result: Result, document: dict[str, Any], image: np.ndarray | None = None,
-              frames: int = 1) -> tuple[str | None, str | None]:
-        """Write one image's outputs; returns (json_path, mask_path) relative to the outbox, as text
-        (worker.names: a name that is not UTF-8 is written under its real bytes, returned escaped).
+              frames: int = 1) -> tuple[str | None, PageOutputs]:
+        """Write one image's outputs; returns the JSON's path and the other outputs' (PageOutputs), relative
+        to the outbox, as text (worker.names: a name that is not UTF-8 is written under its real bytes,
+        returned escaped). The JSON names the mask and the overlay it goes with.
 
         `image` (uint8 BGR) is needed only for overlays; `frames`: the file's pages, of which only the
         first was processed. Raises OutboxFull when the filesystem has no room (the outputs already
         written are complete files, overwritten on the retry)."""
         with _full_as_outbox_full(self.root):
             out = output_rel(rel)
-            mask_rel = self._page_outputs(out, 0, result, image)
-            if mask_rel is not None:
-                document = {**document, "mask": mask_rel}
-            return self._document(out, document, 1, frames), mask_rel
+            outputs = self._page_outputs(out, 0, result, image)
+            return self._document(out, {**document, **outputs.named()}, 1, frames), outputs
 
-    def write_page(self, rel: str, page: int, result: Result, image: np.ndarray | None = None) -> str | None:
+    def write_page(self, rel: str, page: int, result: Result, image: np.ndarray | None = None) -> PageOutputs:
         """Write the outputs of page `page` (0 the first) of a multi-page file but its JSON (write_document);
-        returns its mask's path relative to the outbox, as text, or None. Raises OutboxFull as write does."""
+        returns their paths relative to the outbox. Raises OutboxFull as write does."""
         with _full_as_outbox_full(self.root):
             return self._page_outputs(output_rel(rel), page, result, image)
 
@@ -202,15 +214,21 @@ class Outbox:
         finally:
             probe.unlink(missing_ok=True)
 
-    def _page_outputs(self, out: str, page: int, result: Result, image: np.ndarray | None) -> str | None:
-        """A page's .txt, .overlay.jpg and .mask.png, as configured; its mask's path as text, or None."""
+    def _page_outputs(self, out: str, page: int, result: Result, image: np.ndarray | None) -> PageOutputs:
+        """A page's .txt, .overlay.jpg and .mask.png, as configured; the mask's and overlay's paths."""
         rel = out if page == 0 else f"{out}{PAGES_SUFFIX}/{page + 1}"
         if isinstance(result, Detections) and self.write_yolo_txt:
             write_atomic(self._inside(rel + ".txt"), yolo_txt(result).encode())
+        drawn = None
         if self.write_overlays and image is not None:
             ok, jpg = cv2.imencode(".jpg", overlay(image, result), [cv2.IMWRITE_JPEG_QUALITY, 90])
             if ok:
                 write_atomic(self._inside(rel + ".overlay.jpg"), jpg.tobytes())
+                drawn = as_text(rel + ".overlay.jpg")
+        return PageOutputs(mask=self._mask(rel, result), overlay=drawn)
+
+    def _mask(self, rel: str, result: Result) -> str | None:
+        """A page's .mask.png, as configured; its path as text, or None."""
         if not self.write_masks:
             return None
         if isinstance(result, Mask):

@@ -665,8 +665,7 @@ class Pipeline:
             book.first_result = result
             item.timings["postprocess_ms"] = (t1 - t0) * 1000
         else:
-            if (mask := self.outbox.write_page(item.job.rel, item.page, result, item.image)) is not None:
-                entry["mask"] = mask
+            entry.update(self.outbox.write_page(item.job.rel, item.page, result, item.image).named())
             for k in ("decode_ms", "preprocess_ms", "infer_ms"):
                 book.timings[k] = book.timings.get(k, 0.0) + item.timings.get(k, 0.0)
             book.timings["postprocess_ms"] = book.timings.get("postprocess_ms", 0.0) + (t1 - t0) * 1000
@@ -742,12 +741,14 @@ class Pipeline:
         document = {**self._head(item, JobStatus.DONE), "image": image, **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in _JSON_TIMINGS}}
-        json_path, mask_path = self.outbox.write(job.rel, result, document, item.image, item.pages)
+        json_path, outputs = self.outbox.write(job.rel, result, document, item.image, item.pages)
         item.image = None
         t2 = time.perf_counter()
         item.timings["write_ms"] = (t2 - t1) * 1000
+        if outputs.overlay is not None:  # recorded with the result, as the JSON names it
+            document = {**document, "overlay": outputs.overlay}
         return Finished(job.key, item.sha256, item.size, JobStatus.DONE, task=self.card.task,
-                        score=top_score(result), payload=document, json_path=json_path, mask_path=mask_path,
+                        score=top_score(result), payload=document, json_path=json_path, mask_path=outputs.mask,
                         labels=tuple(labels_of(result)), timings=self._timings(item),
                         committed=self._committed())
 
@@ -759,8 +760,8 @@ class Pipeline:
         assert book.first_result is not None and item.geometry is not None
         job = item.job
         t0 = time.perf_counter()
-        if (mask := self.outbox.write_page(job.rel, 0, book.first_result, item.image)) is not None:
-            book.entries[0]["mask"] = mask
+        first = self.outbox.write_page(job.rel, 0, book.first_result, item.image)
+        book.entries[0].update(first.named())
         item.image = None
         for k, v in book.timings.items():
             item.timings[k] = item.timings.get(k, 0.0) + v
@@ -771,7 +772,7 @@ class Pipeline:
         json_path = self.outbox.write_document(job.rel, document, book.pages)
         item.timings["write_ms"] = item.timings.get("write_ms", 0.0) + (time.perf_counter() - t0) * 1000
         return Finished(job.key, item.sha256, item.size, JobStatus.DONE, task=self.card.task, score=book.score,
-                        payload=document, json_path=json_path, mask_path=mask, labels=tuple(book.labels.values()),
+                        payload=document, json_path=json_path, mask_path=first.mask, labels=tuple(book.labels.values()),
                         timings=self._timings(item), committed=self._committed())
 
     def _defer(self, item: _Item, reason: OutboxFull) -> None:

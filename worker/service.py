@@ -325,11 +325,13 @@ DEMO_MODELS = ("ppocr-det", "efficientnet-lite0", "yolov3-tiny")
 
 
 def demo(cfg: Config, models: tuple[str, ...] = DEMO_MODELS) -> tuple[Path, list[Summary]]:
-    """Fetch the sample images and run each model over them, each into <outbox>/<model>/."""
+    """Fetch the sample images and run each model over them, each into <outbox>/<model>/, with overlays
+    (the results drawn on the images: what a person looks at first)."""
     from worker.samples import fetch_samples
 
     folder = fetch_samples(cfg.cache_dir)
-    cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, run="keep"))  # the samples stay cached
+    cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, run="keep"),  # the samples stay cached
+                              outputs=dataclasses.replace(cfg.outputs, overlays=True))
     summaries = [run_folder(dataclasses.replace(cfg, model=m, outbox=cfg.outbox / m), folder) for m in models]
     return folder, summaries
 

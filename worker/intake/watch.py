@@ -259,8 +259,8 @@ class Intake:
             return False
         if not p.held:
             p.held = True
-            log.info("%s looks cut short (%s): waiting until it has not changed for %g s (watch.incomplete_s)",
-                     as_text(rel), p.cut, self.incomplete_s)
+            log.info("%s looks cut short (%s): waiting for its writer to finish it (taken once it is complete, "
+                     "or as it is once unchanged for %g s: watch.incomplete_s)", as_text(rel), p.cut, self.incomplete_s)
         p.ready = False  # a close event alone no longer takes it: a new one (after more writes) may
         return True
 
