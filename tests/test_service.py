@@ -560,3 +560,24 @@ def test_watch_refuses_a_missing_inbox_and_makes_no_folder_before_its_checks(cfg
     assert sorted(p.name for p in tmp_path.iterdir()) == [], "no folder made before the checks passed"
     made = watch(cfg, threading.Event(), burst=True)  # watch.create_inbox (the CLI's --create)
     assert cfg.inbox.is_dir() and made.figures["images"] == 0
+
+
+def test_a_rerun_into_another_outbox_gets_the_outputs_there(cfg, tmp_path: Path, samples: Path) -> None:
+    """`worker run DIR --outbox NEW` over a folder done before skipped every image as already done, and
+    NEW stayed empty. Now "done" means done into this outbox: the images are done again into NEW, and
+    the summary says where the earlier outputs are (left as they are)."""
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0")
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in ("coffee.png", "chelsea.png"):
+        shutil.copy(samples / name, folder / name)
+    first = run_folder(cfg, folder)
+    assert first.figures["done"] == 2 and first.figures["earlier_outboxes"] == {}
+    new = dataclasses.replace(cfg, outbox=tmp_path / "new")
+    again = run_folder(new, folder)
+    assert (again.figures["done"], again.figures["skipped"]) == (2, 0)
+    assert again.figures["earlier_outboxes"] == {str(cfg.outbox): 2}
+    assert sorted(p.name for p in new.outbox.iterdir()) == ["chelsea.png.json", "coffee.png.json"]
+    assert sorted(p.name for p in cfg.outbox.iterdir()) == ["chelsea.png.json", "coffee.png.json"]  # left there
+    rerun = run_folder(new, folder)  # done into this outbox now: skipped, unread
+    assert (rerun.figures["done"], rerun.figures["skipped"]) == (0, 2) and rerun.figures["earlier_outboxes"] == {}

@@ -238,6 +238,9 @@ def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: An
     finally:
         bar.close()
     _print_summary(summary)
+    for earlier, n in summary.figures.get("earlier_outboxes", {}).items():
+        click.echo(f"  {n} of the done images were done before into {earlier}: done again into this outbox "
+                   f"(the outputs there are left as they are)")
     if summary.figures["failed"]:
         click.echo(f"  failures: worker query --status failed --run {summary.run_id}")
     if others := summary.figures.get("not_images"):

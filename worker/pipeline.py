@@ -24,7 +24,7 @@ import queue
 import stat
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,7 +45,7 @@ from worker.jobs import Job, JobStatus
 from worker.metrics import LatencyWindow, MemorySampler, percentiles
 from worker.model_output import ModelOutput
 from worker.models.card import ModelCard, accepted_digests
-from worker.names import on_disk
+from worker.names import as_text, on_disk
 from worker.outbox import Outbox
 from worker.outbox_room import OutboxRoom
 from worker.results import Result, labels_of, top_score
@@ -106,6 +106,8 @@ class Counts:
     unread: int = 0  # of the skipped: known done by the file's size and stamp, not read again
     pages: int = 0  # pages of the done images (more than `done` only with pipeline.pages: all)
     taken: int = 0  # left to another live worker that claimed them first
+    # done images that an earlier run had done with this model into another outbox, by that outbox
+    earlier_outboxes: Counter[str] = field(default_factory=Counter)
     latencies_ms: LatencyWindow = field(default_factory=LatencyWindow)  # done images, total ms
 
     @property
@@ -125,6 +127,7 @@ class _Item:
     geometry: Geometry | None = None
     output: ModelOutput | None = None
     data: bytes | None = None  # the file's bytes, from reading to decoding
+    earlier_outbox: str | None = None  # done before into another outbox: being done again into this one
     # a multi-page TIFF read page by page (over the byte limit, or over PAGES_FROM_DISK_BYTES): the file,
     # open from its claim until its pages are decoded (release() closes it), and its pages as they are
     # decoded from disk
@@ -200,6 +203,7 @@ class Pipeline:
         self._inferred: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._to_archive: queue.Queue[Any] = queue.Queue(settings.queue_size)
         self._ledger = Ledger(db, card.name, recorder.root)
+        self._outbox_recorded = as_text(str(outbox.root))  # as runs' configs record it
         # a run recorded under one of these: the same settings
         self._card_digests = accepted_digests(card, settings.all_pages)
         # the same for a file of one page, whose result does not depend on pipeline.pages
@@ -435,6 +439,9 @@ class Pipeline:
             item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
         known = None if self.settings.replay else self._ledger.check(job.key, item.sha256)
         redo = self.settings.replay
+        if known is not None and known.status == JobStatus.DONE.value and not self._same_outbox(known):
+            item.earlier_outbox = self._outbox_of(known)  # its outputs are there: done again, into this outbox
+            known, redo = None, True
         if known is not None and known.status == JobStatus.DONE.value:
             # done under the other pipeline.pages setting: the same result for a file of one page
             if self._same_model(known) or (self._same_model(known, self._one_page_digests) and item.source is None
@@ -456,7 +463,16 @@ class Pipeline:
         """Whether this file, unchanged since the read whose content was processed, is done with this
         model's file: then it need not be read (a rerun over a big folder, a restart with inputs kept)."""
         known = self._ledger.check_stamp(rel, size, stamp)
-        return known is not None and known.status == JobStatus.DONE.value and self._same_model(known)
+        return known is not None and known.status == JobStatus.DONE.value and self._same_model(known) \
+            and self._same_outbox(known)
+
+    def _same_outbox(self, known: Known) -> bool:
+        """Whether an image's last processing wrote its outputs into this outbox: done into another one
+        (`run DIR --outbox NEW`), it is done again, so that the outbox asked for gets the outputs."""
+        return self._outbox_of(known) in (None, self._outbox_recorded)
+
+    def _outbox_of(self, known: Known) -> str | None:
+        return None if known.run_id is None else self._ledger.run_outbox(known.run_id)
 
     def _same_model(self, known: Known, digests: frozenset[str] | None = None) -> bool:
         """Whether an image's last processing used this ONNX file and these card settings (a run recorded
@@ -712,6 +728,8 @@ class Pipeline:
         status = event.status
         if status is JobStatus.DONE:
             self.counts.done += 1
+            if item.earlier_outbox is not None:
+                self.counts.earlier_outboxes[item.earlier_outbox] += 1
             self.counts.pages += item.book.pages if item.book is not None else 1
             self.counts.latencies_ms.add(event.timings["total_ms"] if event.timings else 0.0)
         else:
@@ -884,6 +902,7 @@ def _file_kind(mode: int) -> str:
 def summarize(counts: Counts, seconds: float) -> dict[str, Any]:
     return {"images": counts.processed + counts.skipped + counts.taken, "done": counts.done, "failed": counts.failed,
             "skipped": counts.skipped, "skipped_unread": counts.unread, "taken": counts.taken, "pages": counts.pages,
+            "earlier_outboxes": dict(counts.earlier_outboxes.most_common()),
             "seconds": round(seconds, 3),
             "images_per_s": round(counts.processed / seconds, 2) if seconds > 0 else 0.0,
             **{k: round(v, 1) for k, v in percentiles(counts.latencies_ms.last()).items()}}

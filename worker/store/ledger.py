@@ -30,16 +30,18 @@ class Known:
     error: str | None
     model_sha256: str | None  # of the model file of the run that last processed the image
     card_sha256: str | None  # of that run's card settings (None: recorded before migration 0003)
+    run_id: int | None = None  # that run (where it wrote its outputs: `run_outbox`)
 
 
 log = logging.getLogger(__name__)
 
-_LOOKUP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256, Run.card_sha256)
+_KNOWN = (ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256, Run.card_sha256, ImageRow.run_id)
+_LOOKUP = (select(*_KNOWN)
            .join(Run, Run.id == ImageRow.run_id, isouter=True)
            .where(ImageRow.rel_path == bindparam("rel"), ImageRow.sha256 == bindparam("sha"),
                   ImageRow.model == bindparam("model")))
 # the same, found by the file's size and stamp under the run's root instead of its content
-_BY_STAMP = (select(ImageRow.status, ImageRow.attempts, ImageRow.error, Run.model_sha256, Run.card_sha256)
+_BY_STAMP = (select(*_KNOWN)
              .join(Run, Run.id == ImageRow.run_id)
              .where(ImageRow.rel_path == bindparam("rel"), ImageRow.model == bindparam("model"),
                     ImageRow.size == bindparam("size"), ImageRow.stamp == bindparam("stamp"),
@@ -70,6 +72,7 @@ class Ledger:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._conns: list[Any] = []
+        self._outboxes: dict[int, str | None] = {}  # run id -> its outbox (a dict's get and set: thread-safe)
 
     def check(self, rel: str, sha256: str) -> Known | None:
         """What the database says of this image; None when nothing, or when the database cannot say
@@ -127,6 +130,14 @@ class Ledger:
                 conn.close()
         except Exception:
             pass
+
+    def run_outbox(self, run_id: int) -> str | None:
+        """The outbox run `run_id` wrote into, as its config recorded it (absolute); read once per run."""
+        if run_id not in self._outboxes:
+            with self.engine.connect() as c:
+                self._outboxes[run_id] = c.execute(select(Run.config["outbox"].as_string())
+                                                   .where(Run.id == run_id)).scalar()
+        return self._outboxes[run_id]
 
     def in_flight(self) -> list[str]:
         """Paths left `processing` for this model by a worker that is gone. A worker still running
