@@ -13,9 +13,6 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-# watchdog 7.0 (the lowest version allowed) starts its inotify thread, a process-wide singleton, when
-# this is imported: imported here, before any test, it is not taken for the leak of whichever test came first
-import watchdog.observers  # noqa: F401
 
 from worker import mounts
 from worker.config import Config, load
@@ -105,6 +102,16 @@ def cfg(tmp_path: Path, ppocr_onnx: Path) -> Config:
                                   create_inbox=True),
         metrics=dataclasses.replace(base.metrics, memory_sample_s=0.5),
     )
+
+
+@pytest.fixture(scope="session", autouse=True)
+def watchdog_inotify_thread() -> None:
+    """watchdog's inotify threads, a process-wide singleton, started before any test: started by whichever
+    test first watches a folder, they would be taken for that test's leak."""
+    with contextlib.suppress(ImportError):  # not on Linux
+        from watchdog.observers.inotify_c import InotifyFD
+
+        InotifyFD.get_instance()
 
 
 @pytest.fixture(autouse=True)

@@ -13,11 +13,11 @@ import shutil
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from tests.conftest import image_rows, read_only_view, wait_for
+from tests.support.userns import own_inotify_watches, own_user_namespace
 from worker.intake.scan import is_candidate
 from worker.intake import watch as watch_module
 from worker.intake.watch import MOVE_PAIRING_S, Intake, start_observer
@@ -261,50 +261,28 @@ def test_an_archive_on_a_full_disk_is_said_once_and_tried_at_each_rescan(cfg, sa
         subprocess.run(["umount", "-l", str(cfg.archive)], check=True)
 
 
-def _inotify_watches_in_use() -> int:
-    """inotify watches held by this user's processes (what fs.inotify.max_user_watches counts)."""
-    used = 0
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            if proc.stat().st_uid != os.getuid():
-                continue
-            for info in (proc / "fdinfo").iterdir():
-                used += sum(line.startswith("inotify wd:") for line in info.read_text().splitlines())
-        except OSError:  # gone meanwhile, or not ours to read
-            continue
-    return used
+# this user namespace's own limit: a test that lowers it runs in a namespace of its own (tests.support.userns)
+NAMESPACE_LIMIT = Path("/proc/sys/user/max_inotify_watches")
 
 
-@pytest.fixture
-def inotify_limit() -> Iterator[tuple[Path, str]]:
-    """fs.inotify.max_user_watches and its value, where this test may set it (root); restored after."""
-    limit = Path("/proc/sys/fs/inotify/max_user_watches")
-    try:
-        before = limit.read_text()
-        limit.write_text(before)
-    except OSError:
-        pytest.skip("cannot set fs.inotify.max_user_watches here (needs root)")
-    yield limit, before
-    limit.write_text(before)
-
-
-def test_folders_inotify_cannot_watch_are_said(cfg, caplog, inotify_limit) -> None:
-    """Past fs.inotify.max_user_watches, watchdog silently leaves folders unwatched (their files come
-    only with the rescan, or never with rescans off): the worker counts them and says so."""
-    limit, before = inotify_limit
+def test_folders_inotify_cannot_watch_are_said(cfg, caplog, request) -> None:
+    """Past the inotify watch limit, watchdog silently leaves folders unwatched (their files come only
+    with the rescan, or never with rescans off): the worker counts them and says so."""
+    if not own_user_namespace(request):
+        return  # it ran, and passed, in a user namespace of its own
+    before = NAMESPACE_LIMIT.read_text()
     for i in range(40):
         (cfg.inbox / f"line{i:02d}").mkdir(parents=True)
-    try:
-        limit.write_text(str(_inotify_watches_in_use() + 10))
-        with Watching(cfg) as w:
-            assert w.ready.wait(120) and w.error is None
-        said = re.search(r"inotify watches (\d+) of the 41 folders under the inbox", caplog.text)
-        assert said and int(said[1]) <= 10, caplog.text  # fewer if another process took watches meanwhile
-        assert "found only by the rescan every 2 s" in caplog.text
-    finally:
-        limit.write_text(before)
+    NAMESPACE_LIMIT.write_text(str(own_inotify_watches() + 10))
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+    said = re.search(r"inotify watches (\d+) of the 41 folders under the inbox \(its limit is (\d+), "
+                     r"user.max_inotify_watches\)", caplog.text)
+    # watchdog 7.0 takes up to 10 (the inbox and 9 of its folders); 7.1 refuses them all, then the inbox alone
+    assert said and 1 <= int(said[1]) <= 10, caplog.text
+    assert "found only by the rescan every 2 s" in caplog.text
+    assert "(sysctl user.max_inotify_watches=...; the watcher notices within 60 s)" in caplog.text
+    NAMESPACE_LIMIT.write_text(before)
     caplog.clear()
     with Watching(cfg) as w:  # the limit back: every folder watched, nothing said
         assert w.ready.wait(120) and w.error is None
@@ -312,32 +290,31 @@ def test_folders_inotify_cannot_watch_are_said(cfg, caplog, inotify_limit) -> No
 
 
 def test_a_raised_inotify_limit_is_picked_up_without_a_restart(cfg, samples: Path, caplog, monkeypatch,
-                                                                inotify_limit) -> None:
+                                                                request) -> None:
     """watchdog never retries a folder it could not watch; once the limit is raised, the watcher starts
     its observer again (and rescans once), so every folder's files come by their events again. With
     rescans off, files in the folders left unwatched were never taken before."""
-    limit, before = inotify_limit
+    if not own_user_namespace(request):
+        return  # it ran, and passed, in a user namespace of its own
+    before = NAMESPACE_LIMIT.read_text()
     monkeypatch.setattr(watch_module, "COVERAGE_CHECK_S", 0.3)
     cfg = dataclasses.replace(cfg, model="efficientnet-lite0", watch=dataclasses.replace(cfg.watch, rescan_interval_s=0))
     folders = [cfg.inbox / f"line{i:02d}" for i in range(40)]
     for folder in folders:
         folder.mkdir(parents=True)
     data = (samples / "coffee.png").read_bytes()
-    try:
-        limit.write_text(str(_inotify_watches_in_use() + 10))
-        with Watching(cfg) as w:
-            assert w.ready.wait(120) and w.error is None
-            assert wait_for(lambda: "inotify watches" in caplog.text)
-            for folder in folders:  # most land in folders without a watch
-                (folder / "before.png").write_bytes(data)
-            limit.write_text(before)
-            assert wait_for(lambda: "inotify watches all 41 folders under the inbox again" in caplog.text), caplog.text
-            assert "max_user_watches is now" in caplog.text
-            for folder in folders:  # only events can bring these
-                (folder / "after.png").write_bytes(data)
-            assert wait_for(lambda: len(w.finished) >= 80, timeout=60), len(w.finished)
-    finally:
-        limit.write_text(before)
+    NAMESPACE_LIMIT.write_text(str(own_inotify_watches() + 10))
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        assert wait_for(lambda: "inotify watches" in caplog.text)
+        for folder in folders:  # most land in folders without a watch
+            (folder / "before.png").write_bytes(data)
+        NAMESPACE_LIMIT.write_text(before)
+        assert wait_for(lambda: "inotify watches all 41 folders under the inbox again" in caplog.text), caplog.text
+        assert "the inotify watch limit is now {} ({})".format(*watch_module.inotify_limit()) in caplog.text
+        for folder in folders:  # only events can bring these
+            (folder / "after.png").write_bytes(data)
+        assert wait_for(lambda: len(w.finished) >= 80, timeout=60), len(w.finished)
     rows = image_rows(cfg)
     assert len(rows) == 80 and {(r.status, r.attempts) for r in rows.values()} == {("done", 1)}
 

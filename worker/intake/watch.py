@@ -11,6 +11,7 @@ network shares).
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import stat
@@ -19,7 +20,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
@@ -326,10 +327,26 @@ def watched_path(root: Path) -> Path:
 
 
 def start_observer(intake: Intake, kind: str, poll_interval_s: float) -> BaseObserver:
-    observer = make_observer(kind, poll_interval_s)
+    """The observer on the inbox, started. Where inotify cannot watch every folder under it (its watch
+    limit), watchdog 7.0 watches what it can, and 7.1 refuses to start: then the inbox folder alone is
+    watched, and `unwatched_folders` counts the rest (found by the rescan) until the limit is raised."""
     watched = watched_path(intake.root)
-    observer.schedule(_Handler(intake, watched), str(watched), recursive=True)
-    observer.start()
+    try:
+        return _started(make_observer(kind, poll_interval_s), _Handler(intake, watched), watched, recursive=True)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EMFILE):
+            raise
+        log.debug("%s: inotify cannot watch every folder under it (%s): the inbox folder alone is watched", watched, e)
+    return _started(make_observer(kind, poll_interval_s), _Handler(intake, watched), watched, recursive=False)
+
+
+def _started(observer: BaseObserver, handler: _Handler, watched: Path, recursive: bool) -> BaseObserver:
+    observer.schedule(handler, str(watched), recursive=recursive)
+    try:
+        observer.start()
+    except BaseException:
+        observer.stop()  # its emitters, of which some may have started
+        raise
     return observer
 
 
@@ -341,8 +358,8 @@ def unwatched_folders(observer: BaseObserver, root: Path) -> tuple[int, int] | N
     watched: set[bytes] = set()
     for emitter in list(getattr(observer, "emitters", ())):
         group = getattr(emitter, "_inotify", None)  # watchdog 7's InotifyWatchGroup
-        paths = getattr(group, "_active_callbacks_by_path", None)
-        if not isinstance(paths, dict):
+        paths = _watched_paths(group)
+        if paths is None:
             return None
         watched.update(paths)
     if not watched:
@@ -355,11 +372,35 @@ def unwatched_folders(observer: BaseObserver, root: Path) -> tuple[int, int] | N
     return missing, total
 
 
-def inotify_limit() -> str:
-    try:
-        return Path("/proc/sys/fs/inotify/max_user_watches").read_text().strip()
-    except OSError:
-        return "unknown"
+def _watched_paths(group: Any) -> set[bytes] | None:
+    """The folders a watchdog InotifyWatchGroup watches (7.0 keeps their paths, 7.1 a tree of nodes by
+    watch descriptor); None for a watchdog that keeps neither."""
+    paths = getattr(group, "_active_callbacks_by_path", None)
+    if isinstance(paths, dict):
+        return {os.fsencode(p) for p in paths}
+    nodes, resolve = getattr(group, "_nodes_by_wd", None), getattr(group, "_resolve_path", None)
+    if not isinstance(nodes, dict) or resolve is None:
+        return None
+    return {os.fsencode(os.path.normpath(path)) for wd in list(nodes) if (path := resolve(wd)) is not None}
+
+
+# the machine's limit on inotify watches per user, and this user namespace's own (a container's); both hold
+LIMITS = (Path("/proc/sys/fs/inotify/max_user_watches"), Path("/proc/sys/user/max_inotify_watches"))
+
+
+def inotify_limit() -> tuple[str, str]:
+    """The inotify watch limit that holds for this process and the setting that sets it: ("8192",
+    "fs.inotify.max_user_watches"), or this user namespace's where that is lower."""
+    found: list[tuple[int, str]] = []
+    for path in LIMITS:
+        try:
+            found.append((int(path.read_text()), ".".join(path.parts[3:])))
+        except (OSError, ValueError):
+            continue
+    if not found:
+        return "unknown", LIMITS[0].name
+    value, name = min(found)
+    return str(value), name
 
 
 def folder_identity(path: Path) -> tuple[int, int] | None:
@@ -389,7 +430,7 @@ class WatchedInbox:
         self._state = "watching"  # or "gone", "taken" (another worker watches the replacement)
         self._next_check = time.monotonic() + INBOX_CHECK_S
         self._unwatched = 0  # folders inotify did not watch, as last said in the log
-        self._limit = inotify_limit()  # fs.inotify.max_user_watches when the observer started
+        self._limit = inotify_limit()  # when the observer started
         self._check_coverage()
         self._next_coverage = time.monotonic() + COVERAGE_CHECK_S
 
@@ -440,8 +481,8 @@ class WatchedInbox:
             self._observer = start_observer(self.intake, self._kind, self._poll_interval_s)
             self.intake.rescan()  # what landed while no observer ran
             counted = unwatched_folders(self._observer, watched_path(self.intake.root))
-            log.warning("%s: fs.inotify.max_user_watches is now %s: watching the inbox again", self.intake.root,
-                        self._limit)
+            log.warning("%s: the inotify watch limit is now %s (%s): watching the inbox again", self.intake.root,
+                        *self._limit)
         if counted is None or counted[0] == self._unwatched:
             return
         missing, total = counted
@@ -451,10 +492,10 @@ class WatchedInbox:
             return
         rescan = self.intake.rescan_s
         when = f"only by the rescan every {rescan:g} s" if rescan else "not at all (watch.rescan_interval_s is 0)"
-        log.error("%s: inotify watches %d of the %d folders under the inbox (its limit, "
-                  "fs.inotify.max_user_watches, is %s): files in the others are found %s. Raise the limit "
-                  "(sysctl fs.inotify.max_user_watches=...; the watcher notices within %g s), or set "
-                  "watch.observer: polling", self.intake.root, total - missing, total, self._limit, when,
+        value, setting = self._limit
+        log.error("%s: inotify watches %d of the %d folders under the inbox (its limit is %s, %s): files in the "
+                  "others are found %s. Raise the limit (sysctl %s=...; the watcher notices within %g s), or set "
+                  "watch.observer: polling", self.intake.root, total - missing, total, value, setting, when, setting,
                   COVERAGE_CHECK_S)
 
     @property
