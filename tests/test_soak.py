@@ -80,10 +80,18 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
                                    "--images", str(folder)])
     assert "RSS after warm-up" in out.output and "latency ms: start p50" in out.output and "verdict:" in out.output
     assert out.exit_code == (0 if "PASS" in out.output else 1)
-    # `worker stats` counts the soak's images as processed, not its 4 image rows (a soak replays them)
+    # it says how it goes meanwhile (a 6 s soak: every 1 s), RSS and its slope so far once past the warm-up
+    going = re.findall(r"^soak 0:00:0\d of 0:00:06: (\d+) images \([\d.]+/s\), RSS [\d.]+ MB, slope so far (.*)$",
+                       out.stderr, re.M)
+    assert len(going) >= 3 and int(going[-1][0]) > int(going[0][0]) and going[-1][1].endswith(" MB/h"), out.stderr
+    # its own outbox and database, in a new folder beside the config's outbox; `worker stats` there counts
+    # the soak's images as processed, not its 4 image rows (a soak replays them)
     m = re.search(r"^soak run (\d+): (\d+) images in ([\d.]+) s", out.output, re.M)
     assert m is not None, out.output
-    stats = CliRunner().invoke(cli, ["--config", str(conf), "stats", "--run", m[1], "--format", "json"])
+    (db,) = re.findall(r"its figures: worker stats --db (\S+) --run " + m[1], out.stdout)
+    assert db.startswith(f"sqlite:///{conf.parent}/soak-") and db.endswith("/soak.db")
+    assert not (conf.parent / "w.db").exists() and not (conf.parent / "out").exists()
+    stats = CliRunner().invoke(cli, ["--config", str(conf), "stats", "--db", db, "--run", m[1], "--format", "json"])
     (run,) = json.loads(stats.output)
     assert run["counts"] == {"done": 4} and int(m[2]) > 40
     rate = int(m[2]) / float(m[3])  # the soak's own figure; the run's span differs by its start and stop
@@ -96,8 +104,10 @@ def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:
     def judge(late: float, minutes: float) -> tuple[list[str], list[str], list[str]]:
         return judge_memory({"late_slope_mb_per_h": late, "late_span_s": minutes * 60}, limit=2.0, warmup_s=60)
 
-    # 7 minutes resolve only slopes above about 1 MB / (7/60 h) = 8.6 MB/h
-    assert judge(0.6, 7)[:2] == ([], []) and "resolves only slopes above about 9 MB/h" in judge(0.6, 7)[2][0]
+    # 7 minutes resolve only slopes above about 1 MB / (7/60 h) = 8.6 MB/h: flat as far as they tell, yet
+    # INCONCLUSIVE, with the duration that would tell (a 1 s soak and a 2-minute one judged alike)
+    assert judge(0.6, 7)[0] == [] and "resolves only slopes above about 9 MB/h" in judge(0.6, 7)[1][0]
+    assert "soak for 1.0 h or more to judge 2.0 MB/h" in judge(0.6, 7)[1][0]
     failures, inconclusive, _ = judge(2.8, 7)
     assert failures == [] and "2.80 MB/h" in inconclusive[0] and "soak for 1.0 h or more" in inconclusive[0]
     assert "RSS grows 50.00 MB/h" in judge(50.0, 7)[0][0]
@@ -139,3 +149,28 @@ def test_release_free_heap_gives_trapped_free_pages_back() -> None:
     released = rss()
     assert held - released > 20, (grown, held, released)
     del small
+
+
+def test_a_soak_never_touches_another_runs_outputs_or_history(tmp_path: Path, setup) -> None:
+    """`worker soak` used the config's outbox and database: it overwrote a watcher's outputs and moved its
+    image rows to the soak run. Now it has its own; one given that holds another run's is refused."""
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+    from worker.errors import ConfigError
+
+    conf, folder, _ = setup
+    r = CliRunner()
+    assert r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"]).exit_code == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()}
+    rows = json.loads(r.invoke(cli, ["--config", str(conf), "query", "--format", "json"]).stdout)
+    assert {row["run_id"] for row in rows} == {1} and len(rows) == 4
+    soaked = r.invoke(cli, ["--config", str(conf), "soak", "--duration", "2s", "--warmup", "1s", "--images",
+                            str(folder)])
+    assert "soak run 1:" in soaked.stdout, soaked.output  # the first run of its own database
+    assert {p.name: p.read_bytes() for p in (tmp_path / "out").iterdir()} == before
+    assert json.loads(r.invoke(cli, ["--config", str(conf), "query", "--format", "json"]).stdout) == rows
+    for given, said in ((["--db", f"sqlite:///{tmp_path / 'w.db'}"], "holds the results of runs over"),
+                        (["--outbox", str(tmp_path / "out")], "holds other outputs, which a soak would overwrite")):
+        out = r.invoke(cli, ["--config", str(conf), "soak", "--duration", "2s", "--images", str(folder), *given])
+        assert isinstance(out.exception, ConfigError) and said in str(out.exception), (given, out.output)

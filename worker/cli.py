@@ -597,21 +597,33 @@ def _duration(value: str, positive: bool = False) -> float:
 def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **overrides: Any) -> None:
     """Replay images through the full pipeline for a long time and judge memory and latency.
 
-    Prints the RSS slope (MB/hour, least squares after warm-up, and over the second half of that,
-    which is judged), growth, and p50/p99 latency at the start and the end; exits 1 when a soak.*
-    threshold in the config is exceeded (FAIL), or when the run was too short to tell a slope over
-    the limit from RSS noise (INCONCLUSIVE).
+    Writes into an outbox and a database of its own (a new soak-<time>/ folder beside the config's
+    outbox) unless --outbox and --db are given; it never replaces another run's outputs or history.
+    Says how it goes every 30 s (images, rate, RSS now, its slope so far), then prints the RSS slope
+    (MB/hour, least squares after warm-up, and over the second half of that, which is judged),
+    growth, and p50/p99 latency at the start and the end. Exits 1 when a soak.* threshold in the
+    config is exceeded (FAIL), or when the run is too short to tell a slope at the limit from RSS
+    noise (INCONCLUSIVE, with the duration that would).
 
     \b
     Example:
       worker soak --duration 2h --images ./samples --model efficientnet-lite0
     """
-    from worker.soak import soak as run_soak
+    from worker.soak import PROGRESS_S, SoakProgress, soak as run_soak, soak_workspace
 
-    cfg = _load(ctx, **overrides)
-    with _two_stage_stop() as stop:
-        v = run_soak(cfg, images, _duration(duration, positive=True), stop,
-                     warmup_s=_duration(warmup) if warmup else None)
+    def said(p: SoakProgress) -> None:
+        slope = "slope so far: after the warm-up" if math.isnan(p.slope_mb_per_h) else \
+            f"slope so far {p.slope_mb_per_h:+.2f} MB/h"
+        click.echo(f"soak {_clock(p.elapsed_s)} of {_clock(p.duration_s)}: {p.images} images "
+                   f"({p.images_per_s:.1f}/s), RSS {p.rss_mb:.1f} MB, {slope}", err=True)
+
+    cfg = soak_workspace(_load(ctx, **overrides), outbox_given=overrides.get("outbox") is not None,
+                         db_given=overrides.get("db") is not None)
+    click.echo(f"soak: outbox {cfg.outbox}, database {config_mod.without_password(cfg.db)}", err=True)
+    seconds = _duration(duration, positive=True)
+    with _two_stage_stop() as stop:  # a short soak says how it goes ten times
+        v = run_soak(cfg, images, seconds, stop, warmup_s=_duration(warmup) if warmup else None, progress=said,
+                     progress_s=min(PROGRESS_S, max(1.0, seconds / 10)))
     click.echo(f"soak run {v.run_id}: {v.images} images in {v.seconds} s ({v.images / max(v.seconds, 1e-9):.1f} images/s)")
     if math.isnan(v.rss_slope_mb_per_h):  # the run ended within the warm-up: no trend to print
         click.echo(f"  RSS: peak {v.rss_peak_mb} MB; {v.samples} samples after the warm-up, too few for a slope")
@@ -624,12 +636,19 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
                f"end p50 {_or_dash(v.p50_end_ms, '.1f')} p99 {_or_dash(v.p99_end_ms, '.1f')}")
     for note in v.notes:
         click.echo(f"  note: {note}")
+    click.echo(f"  its figures: worker stats --db {config_mod.without_password(cfg.db)} --run {v.run_id}")
     if v.passed:
         click.echo("  verdict: PASS (memory and latency flat within the configured limits)")
     else:
         for reason in v.failures or v.inconclusive:
             click.echo(f"  verdict: {v.verdict}: {reason}")
         sys.exit(1)
+
+
+def _clock(seconds: float) -> str:
+    """1:02:03 for 3723 s."""
+    whole = int(seconds)
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 @cli.command()

@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-from worker.config import Config
+import psutil
+
+from worker.config import Config, without_password
 from worker.errors import ConfigError
 from worker.intake.scan import walk
 from worker.jobs import Job, JobStatus
-from worker.metrics import RSS_NOISE_MB, percentiles, resolvable_slope
+from worker.metrics import RSS_NOISE_MB, percentiles, resolvable_slope, slope_per_hour
+from worker.names import as_text
 from worker.service import open_pipeline
-from worker.store.db import database
-from worker.store.queries import run_stats
+from worker.store.db import database, sqlite_file
+from worker.store.queries import run_stats, runs_over
 
 
 @dataclass(frozen=True)
@@ -74,26 +79,85 @@ def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[li
     elif late > limit:
         inconclusive.append(f"RSS grew {late:.2f} MB/h over the second half after warm-up (limit {limit} MB/h), "
                             f"but its {span_h * 60:.0f} min resolve only {beyond}")
-    elif resolved > limit:
-        notes.append(f"the second half after warm-up lasted {span_h * 60:.0f} min, which resolves only {beyond}")
+    elif resolved > limit:  # flat as far as it can tell, but it cannot tell a slope at the limit from noise
+        inconclusive.append(f"the second half after warm-up lasted {span_h * 60:.0f} min, which resolves only "
+                            f"{beyond}")
     return failures, inconclusive, notes
 
 
+@dataclass(frozen=True)
+class SoakProgress:
+    """How a soak is going, said every few seconds while it runs."""
+
+    elapsed_s: float
+    duration_s: float
+    images: int
+    rss_mb: float
+    slope_mb_per_h: float  # least squares over the RSS samples after warm-up so far; nan: too few yet
+
+    @property
+    def images_per_s(self) -> float:
+        return self.images / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+MARKER = ".worker-soak"  # in a soak's outbox: a later soak may overwrite it
+
+
+def soak_workspace(cfg: Config, outbox_given: bool, db_given: bool, now: datetime | None = None) -> Config:
+    """The outbox and database a soak writes: its own, in a new folder beside the config's outbox
+    (`soak-YYYYmmdd-HHMMSS/outbox`, `.../soak.db`), unless given. A soak replays images and overwrites
+    their outputs and rows: in a watcher's outbox or database it would replace that watcher's results."""
+    if outbox_given and db_given:
+        return cfg
+    home = cfg.outbox.parent / f"soak-{(now or datetime.now()).strftime('%Y%m%d-%H%M%S')}"
+    return dataclasses.replace(cfg, outbox=cfg.outbox if outbox_given else home / "outbox",
+                               db=cfg.db if db_given else f"sqlite:///{home / 'soak.db'}")
+
+
+def _refuse_others(cfg: Config, folder: Path) -> None:
+    """A soak never touches another run's outputs or history: an outbox with files of something else, or
+    a database that holds a `run` or `watch` over the same folder, is refused with the way out."""
+    if cfg.outbox.is_dir() and not (cfg.outbox / MARKER).exists() and any(cfg.outbox.iterdir()):
+        raise ConfigError(f"soak: the outbox {cfg.outbox} holds other outputs, which a soak would overwrite: give "
+                          f"it a new or empty --outbox (or leave --outbox out for a folder of its own)")
+    if (file := sqlite_file(cfg.db)) is not None and not file.exists():  # a new database: its own
+        return
+    with database(cfg.db) as db:
+        others = runs_over(db, as_text(str(folder)), exclude_mode="soak")
+    if others:
+        raise ConfigError(f"soak: the database {without_password(cfg.db)} holds the results of runs over {folder} "
+                          f"(run {', '.join(map(str, others[:3]))}), which a soak would replace: give it its own "
+                          f"--db (or leave --db out for a database of its own)")
+
+
+PROGRESS_S = 30.0  # a soak says how it goes this often
+
+
 def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | None = None,
-         on_finished: Callable[[Job, JobStatus], None] | None = None, warmup_s: float | None = None) -> SoakVerdict:
-    """Replay the images under `folder` through the full pipeline for `duration_s` (outputs are
-    overwritten, not accumulated), then judge the memory and latency trend against cfg.soak."""
+         on_finished: Callable[[Job, JobStatus], None] | None = None, warmup_s: float | None = None,
+         progress: Callable[[SoakProgress], None] | None = None, progress_s: float = PROGRESS_S) -> SoakVerdict:
+    """Replay the images under `folder` through the full pipeline for `duration_s` into cfg's outbox
+    and database (see `soak_workspace`; outputs are overwritten, not accumulated), saying how it goes
+    every `progress_s`, then judge the memory and latency trend against cfg.soak."""
     folder = folder.absolute()
     paths = list(walk(folder, cfg.extensions, skip=(cfg.outbox,)))
     if not paths:
         raise ConfigError(f"{folder}: no images to soak with")
+    _refuse_others(cfg, folder)
     warm = cfg.metrics.warmup_s if warmup_s is None else warmup_s
     with open_pipeline(cfg, "soak", folder, on_finished=on_finished, replay=True) as pipeline:
+        (cfg.outbox / MARKER).touch()
         t0 = time.monotonic()
         n = 0
+        rss = _RssTrend(t0, warm, cfg.metrics.memory_sample_s)
+        next_said = t0 + progress_s
         # a constant number in flight: steady memory and latencies that measure processing, not queueing
         in_flight = 2 * (pipeline.settings.decode_workers + pipeline.settings.infer_workers)
-        while time.monotonic() - t0 < duration_s and not (stop is not None and stop.is_set()):
+        while (now := time.monotonic()) - t0 < duration_s and not (stop is not None and stop.is_set()):
+            rss.sample(now)
+            if progress is not None and now >= next_said:
+                next_said = now + progress_s
+                progress(SoakProgress(now - t0, duration_s, n, rss.last_mb, rss.slope_mb_per_h()))
             pipeline.wait_for_room(in_flight)
             pipeline.submit(Job.from_path(folder, paths[n % len(paths)]))
             n += 1
@@ -123,3 +187,27 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
                        p99_end_ms=end["p99"], failures=tuple(failures),
                        inconclusive=tuple(inconclusive), notes=tuple(notes))
 
+
+
+class _RssTrend:
+    """This process's RSS, sampled every `every_s` from the soak loop, and its slope after warm-up so far."""
+
+    def __init__(self, t0: float, warmup_s: float, every_s: float) -> None:
+        self._process = psutil.Process()
+        self._t0, self._warmup_s, self._every_s = t0, warmup_s, every_s
+        self._next = t0
+        self._seconds: list[float] = []
+        self._mb: list[float] = []
+        self.last_mb = math.nan
+
+    def sample(self, now: float) -> None:
+        if now < self._next:
+            return
+        self._next = now + self._every_s
+        self.last_mb = self._process.memory_info().rss / 2**20
+        if now - self._t0 >= self._warmup_s:
+            self._seconds.append(now - self._t0)
+            self._mb.append(self.last_mb)
+
+    def slope_mb_per_h(self) -> float:
+        return slope_per_hour(self._seconds, self._mb)

@@ -62,6 +62,15 @@ def other_roots(db: Engine, outbox: str, root: str) -> list[str]:
     return [r.root if r.host == here else f"{r.host}:{r.root}" for r in rows]
 
 
+def runs_over(db: Engine, root: str, exclude_mode: str | None = None) -> list[int]:
+    """The ids of the runs over the folder `root` on this host (but those of `exclude_mode`), latest first."""
+    stmt = select(Run.id).where(Run.root == root, Run.host == socket.gethostname())
+    if exclude_mode is not None:
+        stmt = stmt.where(Run.mode != exclude_mode)
+    with db.connect() as c:
+        return list(c.scalars(stmt.order_by(Run.id.desc())))
+
+
 STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms", "total_ms")
 
 
