@@ -411,13 +411,14 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
     # results are per model: a classifier's are not COCO annotations, and another model's images are not exported
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--model", "efficientnet-lite0"])
     assert out.exit_code != 0 and "'efficientnet-lite0' is a classify model" in str(out.exception)  # main() prints it
-    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--model", "ppocr-det"])
-    assert json.loads(out.stdout)["images"] == [] and "no done results of model 'ppocr-det' match" in out.stderr
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--model", "ppocr-det", "-o", str(tmp_path / "n.json")])
+    assert out.exit_code == 1 and out.stderr == "no done results of model 'ppocr-det' match: nothing written\n"
+    assert not (tmp_path / "n.json").exists()
     assert len(r.invoke(cli, ["--config", str(conf), "query", "--model", "yolov3-tiny"]).output.splitlines()) == 4
     out = r.invoke(cli, ["--config", str(conf), "query", "--model", "ppocr-det"])
     assert out.exit_code == 1 and out.stdout == "" and out.stderr == "no image matched\n"
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "nothing/*"])
-    assert json.loads(out.stdout)["images"] == [] and "no done results of model 'yolov3-tiny' match" in out.stderr
+    assert out.exit_code == 1 and out.stdout == "" and "no done results of model 'yolov3-tiny' match" in out.stderr
     # an -o that cannot be written (a folder of that name): one line, not a traceback (session 28)
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "-o", str(tmp_path)])
     assert out.exit_code == 1 and str(out.exception) == f"cannot write {tmp_path}: Is a directory"
@@ -665,3 +666,37 @@ def test_each_command_takes_and_words_its_own_path_options() -> None:
     assert "Folder to watch" in helped("watch") and "--create" in helped("watch")
     for command in ("soak", "demo"):
         assert "--inbox" not in helped(command) and "--archive" not in helped(command), command
+
+
+def test_export_of_a_run_takes_its_model_and_its_outbox(tmp_path: Path, samples: Path, ppocr_onnx: Path,
+                                                         yolo_onnx: Path, capfd, caplog) -> None:
+    """`export coco --run 3` exported the config's model (an empty file, exit 0), and read masks only from
+    the config's outbox, with a flood of OpenCV `imread_` lines on stderr for the ones not there."""
+    conf = _config(tmp_path)
+    conf.write_text(conf.read_text() + "model: efficientnet-lite0\n")  # a classifier: no COCO export of its own
+    r = CliRunner()
+    for name, model, outbox in (("text", "ppocr-det", "o1"), ("things", "yolov3-tiny", "o2")):
+        folder = tmp_path / name
+        folder.mkdir()
+        for image in ("page.png", "coffee.png"):
+            shutil.copy(samples / image, folder / image)
+        ran = r.invoke(cli, ["--config", str(conf), "run", str(folder), "--model", model, "--outbox",
+                             str(tmp_path / outbox), "--no-progress"])
+        assert ran.exit_code == 0, ran.output
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--run", "1", "-o", str(tmp_path / "text.json")])
+    assert out.exit_code == 0, out.output
+    doc = json.loads((tmp_path / "text.json").read_text())
+    assert {c["name"] for c in doc["categories"]} == {"text"} and doc["annotations"]
+    assert all(a["segmentation"] for a in doc["annotations"])  # traced from run 1's masks, in o1
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--run", "2"])
+    assert out.exit_code == 0 and len(json.loads(out.stdout)["categories"]) == 80
+    (tmp_path / "o1" / "page.png.mask.png").unlink()
+    capfd.readouterr()
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--run", "1"])
+    page = next(i["id"] for i in json.loads(out.stdout)["images"] if i["file_name"] == "page.png")
+    assert not [a for a in json.loads(out.stdout)["annotations"] if a["image_id"] == page and "segmentation" in a]
+    assert "imread_" not in capfd.readouterr().err  # OpenCV says nothing; the worker's one line says it
+    said = [rec.getMessage() for rec in caplog.records if "page.png.mask.png" in rec.getMessage()]
+    assert len(said) == 1 and "exported as boxes only" in said[0], said
+    out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--run", "2", "--model", "ppocr-det"])
+    assert out.exit_code == 1 and "no done results of model 'ppocr-det' in run 2 match" in out.stderr

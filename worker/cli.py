@@ -342,7 +342,7 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
     if rows or fmt != "table":  # a table of no rows: no header either
         _emit(rows[1:] if left_out else rows, fmt, ["id", "run_id", "rel_path", "model", "status", "attempts", "top_label",
                                                 "score", *matched, "total_ms", "updated_at", "error"],
-              more=["created_at", "root", *STAGES[:-1], "batch_size", "sha256", "json_path", "mask_path"])
+              more=["created_at", "root", "outbox", *STAGES[:-1], "batch_size", "sha256", "json_path", "mask_path"])
     if left_out:  # after the rows, where a reader of a long table looks last
         click.echo(f"(the latest {limit} matching images, oldest first; --limit shows more)", err=True)
     if not rows:
@@ -739,10 +739,11 @@ def export() -> None:
 @label_filter
 @click.option("--min-score", type=float, help="Only images with a box or region at or above this score.")
 @click.option("--model", help="Detection or segmentation model whose results are exported; its card names the "
-                             "categories (default: the config's model).")
+                             "categories (default: --run's model, else the config's).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout).")
 @db_option
-@click.option("--outbox", type=click.Path(path_type=Path), help="Where the masks are (overrides config).")
+@click.option("--outbox", type=click.Path(path_type=Path),
+              help="Where the masks are (default: the outbox of the run that made each result).")
 @click.option("--rle", is_flag=True, help="A segmenter's regions (an instance segmenter's masks) as run-length "
                                           "encodings (exact, holes included) instead of polygons.")
 @click.pass_context
@@ -762,19 +763,24 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
     from worker.models.card import find_card
     from worker.models.pull import with_labels
     from worker.store.db import database
-    from worker.store.queries import Filters
+    from worker.store.queries import Filters, run_model
 
-    cfg = _load(ctx, db=db, model=model, outbox=outbox)
-    card = find_card(cfg.models_dir, cfg.model)
-    if card.task not in ("detect", "segment"):
-        raise ConfigError(f"model {card.name!r} is a {card.task} model: COCO export takes a detection or "
-                          f"segmentation model's results (--model NAME)")
-    card = with_labels(card, cfg.cache_dir)
-    filters = Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score, model=card.name, limit=10**9)
+    cfg = _load(ctx, db=db)
     with database(cfg.db, create=False, read_only=True) as engine:
-        doc = coco(engine, filters, card.labels, card.task, cfg.outbox, rle)
+        name = model or (run_model(engine, run_id) if run_id is not None else cfg.model)
+        card = find_card(cfg.models_dir, name)
+        if card.task not in ("detect", "segment"):
+            raise ConfigError(f"model {card.name!r} is a {card.task} model: COCO export takes a detection or "
+                              f"segmentation model's results (--model NAME)")
+        card = with_labels(card, cfg.cache_dir)
+        filters = Filters(run_id=run_id, path=path_glob, label=label, min_score=min_score, model=card.name,
+                          limit=10**9)
+        doc = coco(engine, filters, card.labels, card.task, outbox.absolute() if outbox else None, rle,
+                   default_outbox=cfg.outbox)
     if not doc["images"]:
-        click.echo(f"note: no done results of model {card.name!r} match", err=True)
+        run = f" in run {run_id}" if run_id is not None else ""
+        click.echo(f"no done results of model {card.name!r}{run} match: nothing written", err=True)
+        sys.exit(1)
     text = json.dumps(doc, indent=1)
     if output is None:
         click.echo(text)

@@ -19,15 +19,15 @@ log = logging.getLogger(__name__)
 
 
 def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: str = "detect",
-         outbox: Path | None = None, rle: bool = False) -> dict[str, Any]:
+         outbox: Path | None = None, rle: bool = False, default_outbox: Path | None = None) -> dict[str, Any]:
     """{images, categories, annotations} for the done results of one `task` (detect or segment) matching
     `filters`; an instance segmenter's boxes each with its mask's segmentation and area, a pose model's
     with its keypoints, an oriented box with its corners as its segmentation (and its `xywhr`).
 
     Category ids are the model's 0-based class ids; `categories` (the card's labels) names them, else the
     names seen in the results are used. bbox is [x, y, width, height] in pixels. A segmenter's annotations
-    are its mask's regions, each with its polygons traced from the mask PNG in `outbox` (a bbox only when
-    that file is gone); a multi-class segmenter's background (class 0) is no category. `rle`: each region
+    are its mask's regions, each with its polygons traced from the mask PNG in `outbox` (None: the outbox
+    its run wrote into, else `default_outbox`; a bbox only when that file is gone, said once per file); a multi-class segmenter's background (class 0) is no category. `rle`: each region
     as a run-length encoding of its pixels instead (uncompressed COCO RLE: exact, holes included).
     """
     rows = [r for r in query_images(db, filters) if r["status"] == "done" and r["task"] == task]
@@ -40,25 +40,27 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
     # a multi-page file's pages (pipeline.pages: all) are images of their own: its first keeps the row's
     # id, the others get ids past every row's, and each says its page
     next_id = max((r["id"] for r in rows), default=0) + 1
-    parts: list[tuple[int, dict[str, Any], str | None, dict[str, Any]]] = []  # id, result, mask, COCO image
+    # id, result, the mask's path in its outbox, COCO image
+    parts: list[tuple[int, dict[str, Any], Path | None, dict[str, Any]]] = []
     for r in rows:
         doc = r["result"]
+        box = outbox or (Path(r["outbox"]) if r.get("outbox") else default_outbox)
         if not isinstance(doc.get("pages"), list):
             w, h = _size(doc)
-            parts.append((r["id"], doc, r["mask_path"], {"id": r["id"], "file_name": r["rel_path"], "width": w,
-                                                         "height": h}))
+            parts.append((r["id"], doc, _in(box, r["mask_path"]), {"id": r["id"], "file_name": r["rel_path"],
+                                                                   "width": w, "height": h}))
             continue
         for page in doc["pages"]:
             image_id = r["id"] if page["page"] == 1 else next_id
             next_id += image_id != r["id"]
             w, h = _size(page)
-            parts.append((image_id, page, page.get("mask"), {"id": image_id, "file_name": r["rel_path"],
-                                                              "page": page["page"], "width": w, "height": h}))
+            parts.append((image_id, page, _in(box, page.get("mask")), {"id": image_id, "file_name": r["rel_path"],
+                                                                        "page": page["page"], "width": w, "height": h}))
     for image_id, doc, mask_path, image in parts:
         images.append(image)
         if task == "detect":
             # an instance segmenter's: box k's mask is where its instance mask holds k + 1
-            instances = _read_mask(outbox, mask_path) if outbox is not None and mask_path else None
+            instances = _read_mask(mask_path) if mask_path is not None else None
             for k, box in enumerate(doc.get("boxes", [])):
                 x1, y1, x2, y2 = box["xyxy"]
                 seen[box["class_id"]] = box["name"]
@@ -79,7 +81,7 @@ def coco(db: Engine, filters: Filters, categories: tuple[str, ...] = (), task: s
             continue
         multi_class = multi_class or "classes" in doc
         scores = {c["class_id"]: c["score"] for c in doc.get("classes", [])}
-        mask = _read_mask(outbox, mask_path) if outbox is not None and mask_path else None
+        mask = _read_mask(mask_path) if mask_path is not None else None
         found = doc.get("regions")
         if found is None and mask is not None and "classes" not in doc:  # recorded before regions were
             found = region_dicts(regions((mask > 0).view(np.uint8)))
@@ -137,10 +139,22 @@ def _instance_shape(instances: np.ndarray, index: int, xyxy: list[float], rle: b
     return {"segmentation": shape, "area": int(part.sum())}
 
 
-def _read_mask(outbox: Path, mask_path: str) -> np.ndarray | None:
-    mask = cv2.imread(str(outbox / on_disk(outbox, mask_path)), cv2.IMREAD_UNCHANGED)
+def _in(outbox: Path | None, mask_path: str | None) -> Path | None:
+    """A mask's file: its path in the result, under the outbox it was written into."""
+    return None if outbox is None or not mask_path else outbox / on_disk(outbox, mask_path)
+
+
+def _read_mask(path: Path) -> np.ndarray | None:
+    """A mask PNG, or None (said in one line) when it is gone or unreadable. Decoded from its bytes:
+    OpenCV's imread prints lines of its own on stderr for every file it cannot open."""
+    try:
+        data = np.fromfile(path, np.uint8)
+    except OSError as e:
+        log.warning("%s: mask not readable (%s): its regions are exported as boxes only", path, e.strerror or e)
+        return None
+    mask = cv2.imdecode(data, cv2.IMREAD_UNCHANGED) if data.size else None
     if mask is None:
-        log.warning("%s: mask not found or unreadable: its regions are exported as boxes only", outbox / mask_path)
+        log.warning("%s: mask not a PNG: its regions are exported as boxes only", path)
     return mask
 
 

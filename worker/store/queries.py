@@ -76,7 +76,7 @@ STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postproces
 
 def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
     """One row per image: status, error, score, top label, when it was first and last seen, the folder
-    of the run that last touched it (`root`), each stage's latency (STAGES, and `batch_size`) and
+    of the run that last touched it (`root`) and the outbox it wrote into (`outbox`), each stage's latency (STAGES, and `batch_size`) and
     `result`, the document its outbox JSON holds but for the mask's path, which is `mask_path` (None for
     an image not done)."""
     top_label = (select(LabelRow.name).where(LabelRow.image_id == ImageRow.id)
@@ -87,9 +87,10 @@ def query_images(db: Engine, f: Filters) -> list[dict[str, Any]]:
         .limit(1).scalar_subquery().label(name)
         for column, name in ((LabelRow.name, "matched_label"), (LabelRow.score, "matched_score"))]
     root = select(Run.root).where(Run.id == ImageRow.run_id).scalar_subquery()
+    outbox = select(Run.config["outbox"].as_string()).where(Run.id == ImageRow.run_id).scalar_subquery()
     stmt = (select(ImageRow.id, ImageRow.run_id, ImageRow.rel_path, ImageRow.status, ImageRow.attempts,
                    ImageRow.error, ImageRow.model, ImageRow.sha256, ImageRow.created_at, ImageRow.updated_at,
-                   root.label("root"), ResultRow.task, ResultRow.score, ResultRow.json_path, ResultRow.mask_path,
+                   root.label("root"), outbox.label("outbox"), ResultRow.task, ResultRow.score, ResultRow.json_path, ResultRow.mask_path,
                    top_label.label("top_label"), *(getattr(TimingRow, s) for s in STAGES), TimingRow.batch_size,
                    ResultRow.payload.label("result"), *matched)
             .outerjoin(ResultRow, ResultRow.image_id == ImageRow.id)
@@ -136,6 +137,13 @@ def _matching_labels(f: Filters) -> list[Any] | None:
         return None
     return [*([func.lower(LabelRow.name) == f.label.lower()] if f.label is not None else []),
             *([LabelRow.score >= f.min_score] if f.min_score is not None else [])]
+
+
+def run_model(db: Engine, run_id: int) -> str:
+    """The model card run `run_id` ran; StoreError when there is no such run."""
+    with db.connect() as c:
+        _require_run(c, run_id)
+        return str(c.execute(select(Run.model).where(Run.id == run_id)).scalar_one())
 
 
 def _require_run(c: Any, run_id: int | None) -> None:
