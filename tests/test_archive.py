@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from tests.conftest import read_only_view
+from tests.support.userns import own_user_namespace
 from worker.archive import InputArchive, identity
 from worker.jobs import Job, JobStatus
 
@@ -74,7 +75,9 @@ def test_an_input_replaced_after_it_was_read_stays_for_its_own_job(tmp_path: Pat
     assert not archive.exists()
 
 
-def test_an_inbox_that_cannot_be_written_is_said_once_per_content(tmp_path: Path, caplog) -> None:
+def test_an_inbox_that_cannot_be_written_is_said_once_per_content(tmp_path: Path, caplog, request) -> None:
+    if not own_user_namespace(request, mounts=True):
+        return  # it ran, and passed, with mounts of its own
     src, inbox, archive = tmp_path / "share", tmp_path / "inbox", tmp_path / "archive"
     job, read_as = _input(src, "a.png")
     inbox.mkdir()

