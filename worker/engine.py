@@ -36,7 +36,7 @@ def default_threads(cores: int | None = None, on_gpu: bool = False) -> tuple[int
     """(decode_workers, infer_workers) that do not oversubscribe the cores.
 
     On CPU, several single-threaded `run` calls in parallel beat one multi-threaded call
-    (onnxruntime's intra-op pool is unstable on small machines; see FACTS), so one inference
+    (onnxruntime's intra-op pool flips between a fast and a slow state on small machines), so one inference
     thread per core, each run on DEFAULT_INTRA_OP_THREADS. On a GPU the model does not run on the cores: two
     inference threads (one gathers and uploads a batch while the other's runs), and the cores, but
     one for the finish and database threads, decode (up to 8).
