@@ -136,7 +136,7 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
     assert rows == sorted(rows, key=lambda x: (x["updated_at"], x["id"])), "oldest first"
     out = r.invoke(cli, ["--config", str(conf), "query", "--status", "failed", "--format", "csv"])
     assert out.output.splitlines()[0].startswith("id,run_id,rel_path") and "bad.jpg" in out.output
-    assert out.output.splitlines()[0].endswith(",created_at,root," + ",".join(stages) + ",batch_size,sha256,"
+    assert out.output.splitlines()[0].endswith(",created_at,root,outbox," + ",".join(stages) + ",batch_size,sha256,"
                                                                                "json_path,mask_path")
     out = r.invoke(cli, ["--config", str(conf), "query", "--label", "text", "--min-score", "0.5"])
     assert "page.png" in out.output and "bad.jpg" not in out.output
