@@ -51,7 +51,7 @@ def build(folder: Path, samples: Path) -> dict[str, tuple[str, str]]:
         "multipage.tif": (_save(rgb, "TIFF", save_all=True, append_images=[rgb.rotate(90, expand=True)]), "done", ""),
         "measurements.tif": (_save(Image.fromarray(photo[:, :, 1].astype(np.float32) / 255, mode="F"), "TIFF"),
                              "failed", "a TIFF of 32-bit float samples, not 8- or 16-bit pixels"),
-        # Pillow cannot open a colour one: before session 31 OpenCV decoded it at 8 bits, clipped, as pixels
+        # Pillow cannot open a colour one; OpenCV would decode it at 8 bits, clipped, as pixels
         "colour_measurements.tif": (cv2.imencode(".tiff", photo.astype(np.float32) / 255,
                                                  [cv2.IMWRITE_TIFF_COMPRESSION, 1])[1].tobytes(),
                                     "failed", "a TIFF of 32-bit float samples, not 8- or 16-bit pixels"),

@@ -12,8 +12,8 @@ worker's masks are held to them (`worker.tasks.detect.instance_masks`); the work
 Ultralytics or PyTorch. The padding here is a whole number of prototype pixels (10), as a 640x480 or
 1920x1080 photo's is in a 640x640 input. For a 270x480 image (`boxes_270`, `masks_270`: 35 px of
 padding, 8.75 prototype pixels) Ultralytics upsamples the logits 4 times, crops the padding and
-resizes; the worker composes the same two steps (until session 37 it sampled once, and those masks
-differed at their edges: IoU 0.98-1.0, median 0.998).
+resizes; the worker composes the same two steps (sampled once, those masks differ at their edges:
+IoU 0.98-1.0, median 0.998).
 """
 
 from __future__ import annotations

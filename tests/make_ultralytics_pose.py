@@ -9,7 +9,7 @@ for a 427x640 photo letterboxed into that input: `non_max_suppression` (conf 0.2
 `scale_boxes` and `scale_coords` back to the photo (each side's own scale since 8.4: 213 of 427 rows).
 The worker is held to the same boxes, scores, classes and keypoints; it needs neither Ultralytics nor
 PyTorch. An untrained yolov8n-pose export (its scores set apart per anchor) run through both whole gave
-the same 58 boxes with their keypoints within the JSON's rounding (ad hoc, session 37).
+the same 58 boxes with their keypoints within the JSON's rounding.
 """
 
 from __future__ import annotations

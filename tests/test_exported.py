@@ -101,7 +101,7 @@ def test_an_export_s_keypoint_names_are_read_when_every_class_names_the_k_points
 def test_a_pose_export_s_keypoint_names_name_its_points_in_the_results_and_coco(cfg, tmp_path: Path) -> None:
     """A card of one's own YOLOv8-pose export without keypoint names: the result document names the
     points as the export's metadata does (kpt_names, from its dataset's yaml), once for all boxes, and
-    COCO export's category lists them (before session 39, numbered "1", "2", "3"), as `models check`
+    COCO export's category lists them (not numbered "1", "2", "3"), as `models check`
     does; the card's own keypoint_names win over the export's."""
     import cv2
     from click.testing import CliRunner
@@ -141,7 +141,7 @@ def test_a_pose_export_s_keypoint_names_name_its_points_in_the_results_and_coco(
 
 def test_a_card_without_labels_takes_the_export_s_class_names(cfg, tmp_path: Path) -> None:
     """A card of one's own YOLOv8 export with no labels: the boxes are named as the model's metadata
-    names its classes (before session 37, by number: "1"), in the JSON and the database's label index."""
+    names its classes (not by number: "1"), in the JSON and the database's label index."""
     import cv2
 
     from worker.service import run_folder

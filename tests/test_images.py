@@ -334,7 +334,7 @@ def test_depth_32_takes_a_32_bit_tiffs_own_values_and_any_other_files_as_floats(
     bgr = np.dstack([temps, temps * 2, -temps]).astype(np.float32)
     colour = cv2.imencode(".tiff", bgr, [cv2.IMWRITE_TIFF_COMPRESSION, 1])[1].tobytes()  # plain float samples
     assert np.array_equal(decode(colour, "c.tiff", 10**6, depth=32), bgr)
-    # Pillow cannot open a colour float TIFF: it was decoded at 8 bits, clipped, and done (before session 31)
+    # Pillow cannot open a colour float TIFF; OpenCV alone would decode it at 8 bits, clipped
     with pytest.raises(DecodeError, match="c.tiff: a TIFF of 32-bit float samples, not 8- or 16-bit pixels"):
         decode(colour, "c.tiff", 10**6)
     buf = io.BytesIO()

@@ -250,7 +250,7 @@ def test_card_that_contradicts_its_model_stops_the_worker_at_start(tmp_path: Pat
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
 
 
-# what the first version with card digests (migration 0003, session 14) recorded for the bundled cards,
+# what the first version with card digests (migration 0003) recorded for the bundled cards,
 # computed by that version's code: runs recorded under them must keep counting as these settings
 FIRST_DIGESTS = {
     "efficientnet-lite0": "cc61601c675c3f70a273ac5f3d87abcc2e1010e84a15e67d0e02e62ed6b52482",
@@ -337,8 +337,8 @@ def test_a_model_cache_that_exists_but_cannot_be_written_is_said_with_the_fix(tm
     ("postprocess: {iou: 1.5}", "'postprocess.iou' is an overlap, 0-1, got 1.5"),
 ])
 def test_card_values_that_would_spoil_every_image_are_refused(tmp_path: Path, body: str, message: str) -> None:
-    """Before session 28 these loaded: a std of 0 fed inf and nan to the model, silently; top_k 0 gave every
-    image an empty list of labels; a size of 0 failed every image in the resize."""
+    """Values that would spoil every image: a std of 0 feeds inf and nan to the model, silently; top_k 0
+    gives every image an empty list of labels; a size of 0 fails every image in the resize."""
     (tmp_path / "model.yaml").write_text(f"name: m\ntask: classify\nonnx: m.onnx\n{body}\n")
     with pytest.raises(ConfigError, match=message):
         load_card(tmp_path / "model.yaml")

@@ -717,8 +717,8 @@ def _pose_rows() -> np.ndarray:
 ])
 def test_a_pose_model_under_a_card_without_keypoints_is_refused_at_start_saying_what_to_add(
         own, labels: str, said: str) -> None:
-    """A YOLOv8-pose export's rows read as a plain detector's: before session 37, without labels, its
-    keypoints' pixels were taken for 52 classes' scores (an untrained yolov8n-pose export: 106 boxes on
+    """A YOLOv8-pose export's rows read as a plain detector's: without labels, its
+    keypoints' pixels would be taken for 52 classes' scores (an untrained yolov8n-pose export: 106 boxes on
     a photo, scored up to 314), and with its one label refused only as `has 52 classes`."""
     cfg, models, images = own
     folder = _card_file(models, "pose", "task: detect\ninput: {name: input, size: [32, 48]}\n"

@@ -233,8 +233,8 @@ def test_instance_masks_match_ultralytics_own(image: str) -> None:
     Ultralytics' own `process_mask_native` made from the same numbers (tests/make_ultralytics_masks.py:
     24 boxes on an image letterboxed into a 160x160 input, Ultralytics 8.4.190, as a YOLOv8-seg
     prediction with retina_masks=True gives them): a 240x480 image, whose padding is 10 prototype pixels,
-    and a 270x480 one, whose 8.75 Ultralytics upsamples 4 times to crop (before session 37: IoU down to
-    0.98 there). Floating point differs where a logit is ~0."""
+    and a 270x480 one, whose 8.75 Ultralytics upsamples 4 times to crop (sampled once instead: IoU down
+    to 0.98 there). Floating point differs where a logit is ~0."""
     from worker.tasks.detect import instance_masks
 
     golden = np.load(ROOT / "tests" / "data" / "ultralytics_masks.npz")

@@ -181,7 +181,7 @@ def test_runs_recorded_under_the_first_card_digests_still_count_as_done(cfg, tmp
     card = with_labels(find_card(cfg.models_dir, "efficientnet-lite0"), CACHE)
     (first,) = accepted_digests(card) - {settings_digest(card)}
     db = open_db(cfg.db)
-    with db.begin() as c:  # as session 14's version recorded the run
+    with db.begin() as c:  # as the first version with card digests recorded the run
         c.execute(update(Run).values(card_sha256=first))
     db.dispose()
     f = run_folder(cfg, folder).figures

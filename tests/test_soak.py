@@ -116,8 +116,8 @@ def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:
     assert judge(float("nan"), 0)[0] == [] and "too few memory samples" in judge(float("nan"), 0)[1][0]
     zero = judge_memory({"late_slope_mb_per_h": 0.5, "late_span_s": 600}, limit=0.0, warmup_s=60)
     assert "no soak resolves a limit of 0 MB/h" in zero[1][0]
-    # the slope's own standard error, when RSS wandered more than that noise: session 29's 100-minute soak
-    # fitted 3.82 +- 1.94 MB/h over a second half of 49 minutes (before: FAIL, on a slope within the noise)
+    # the slope's own standard error, when RSS wandered more than that noise: a 100-minute soak that
+    # fitted 3.82 +- 1.94 MB/h over a second half of 49 minutes: not a FAIL, the slope is within its noise
     wandered = {"late_slope_mb_per_h": 3.82, "late_span_s": 49 * 60, "late_slope_se_mb_per_h": 1.94}
     failures, inconclusive, _ = judge_memory(wandered, limit=2.0, warmup_s=60)
     assert failures == [] and "resolve only slopes above about 4 MB/h (twice the slope's standard error, 1.94 MB/h" \

@@ -157,7 +157,7 @@ def test_nothing_opens_a_new_database_before_it_holds_the_migration_lock(tmp_pat
     """Workers, queries and health checks started together on a file that does not exist yet: its first
     connection switches it to WAL, which two processes doing at once can fail with `database is locked`
     (the busy timeout does not cover it). Once the check for the newest revision came before the
-    migration lock, that raced: 5 of 40 pairs of processes failed (ad hoc), and so did this file's
+    migration lock, that raced: 5 of 40 pairs of processes failed, and so did this file's
     two-runs test at times. Here the lock is held, and a start must wait for it before the file exists."""
     import subprocess
     import sys
@@ -200,8 +200,8 @@ def test_a_database_in_a_folder_it_cannot_write_is_read_with_or_without_a_worker
     """A database on a read-only mount (or in another account's folder): SQLite said only `unable to
     open database file` (or `attempt to write a readonly database`), from `worker query` too, and no
     reader could read it. Now the reading commands open it read-only: through its -wal and -shm files
-    while a worker has it open, and as it is (immutable) when none has (before session 28 that case was
-    refused: SQLite cannot create the -shm file there)."""
+    while a worker has it open, and as it is (immutable) when none has (SQLite cannot create the -shm
+    file there)."""
     if not own_user_namespace(request, mounts=True):
         return  # it ran, and passed, with mounts of its own
     import subprocess
@@ -361,7 +361,7 @@ def test_percentiles_and_slope() -> None:
 
 
 def test_a_slopes_standard_error_counts_how_rss_wanders_not_only_its_scatter() -> None:
-    """Session 29's 100-minute soak: RSS wandered by +-4 MB over minutes, and a second half with no leak
+    """A 100-minute soak: RSS wandered by +-4 MB over minutes, and a second half with no leak
     in it fitted 3.8 MB/h, which the samples' own scatter (each taken as independent) called
     significant. The error read from block means is what a verdict can trust."""
     t = np.arange(0, 3000, 5.0)  # 50 minutes sampled every 5 s

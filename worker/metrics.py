@@ -84,7 +84,7 @@ def slope_se_per_hour(seconds: Sequence[float], values: Sequence[float], blocks:
 # RSS moves by about this much from sample to sample with no trend (the buffers in flight at that
 # moment; seen here: a standard deviation of 0.7-1.3 MB over 7-minute windows of a flat soak): a
 # slope over a window of T hours is resolved only above RSS_NOISE_MB / T. A run whose RSS wanders more
-# (session 29: +-4 MB over minutes at 200 images/s) resolves only what its own wandering allows:
+# (+-4 MB over minutes, seen at 200 images/s) resolves only what its own wandering allows:
 # twice the slope's standard error (slope_se_per_hour above), when that is more
 RSS_NOISE_MB = 1.0
 
