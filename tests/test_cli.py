@@ -365,7 +365,7 @@ def test_demo(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     assert out.exit_code == 0, out.output
     assert out.output.count("done 8, failed 0") == 3 and "outbox:" in out.output and "database:" in out.output
     assert "espresso 0.95" in out.output and "cup 0.65" in out.output and "text mask 13.77%" in out.output
-    # every task's JSON has the common keys (README, Outputs) with the image's own size
+    # every task's JSON has the common keys (docs/outputs.md) with the image's own size
     for model, extra in (("ppocr-det", {"mask", "mask_fraction", "regions"}), ("efficientnet-lite0", {"labels"}),
                          ("yolov3-tiny", {"boxes"})):
         docs = sorted((tmp_path / "outbox" / model).glob("*.json"))

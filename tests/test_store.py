@@ -681,7 +681,7 @@ def test_recorder_commits_never_checkpoint_the_wal_its_own_thread_does(tmp_path:
 
 
 def test_checkpoint_thread_empties_a_wal_that_outgrew_its_bound(tmp_path: Path, monkeypatch) -> None:
-    """Under steady writes the log rarely starts over by itself (README, Database): past WAL_RESET_BYTES
+    """Under steady writes the log rarely starts over by itself (docs/database.md): past WAL_RESET_BYTES
     the checkpoint thread truncates it. Without that, the log stays at its size after the writes."""
     from worker.jobs import JobStatus
     from worker.store import recorder as R

@@ -3,7 +3,7 @@
 
 A watcher of months fills its disks: the archive keeps every input (a camera writing a 500 KB JPEG a
 second adds about 43 GB a day). A full outbox or archive loses nothing (outputs wait for room, inputs
-stay in the inbox: README, Reliability), but it stops the work; this says so while there is room
+stay in the inbox: docs/reliability.md), but it stops the work; this says so while there is room
 left, and how soon it runs out at the rate it is filling.
 """
 

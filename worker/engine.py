@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 # on a GPU, batches up to this size (cards with a dynamic batch): a small model's batch-1 run leaves most of
-# the device idle. A starting point, not measured here (no GPU was lent while it was written: README)
+# the device idle. A starting point, not yet measured on a GPU (docs/gpu.md)
 GPU_MAX_BATCH = 8
 
 
@@ -48,7 +48,7 @@ def default_threads(cores: int | None = None, on_gpu: bool = False) -> tuple[int
 
 
 def default_max_batch(on_gpu: bool) -> int:
-    """`pipeline.max_batch: 0`: batch-1 runs on CPU (batches gained nothing there: README), batches on a GPU."""
+    """`pipeline.max_batch: 0`: batch-1 runs on CPU (batches gained nothing there: docs/performance.md), batches on a GPU."""
     return GPU_MAX_BATCH if on_gpu else 1
 
 

@@ -229,7 +229,7 @@ class Pipeline:
             [self._thread(f"prepare-{i}", self._prepare_loop, self._warm_up_prepare)
              for i in range(settings.decode_workers)],
             # on CUDA only: onnxruntime's CUDA provider sets up each thread's cuBLAS and cuDNN handles at its
-            # first run; on the CPU a thread's first run costs what later ones do (README, Watch-mode latency)
+            # first run; on the CPU a thread's first run costs what later ones do (docs/performance.md)
             [self._thread(f"infer-{i}", self._infer_loop, self._warm_up_infer if engine.on_gpu else None)
              for i in range(settings.infer_workers)],
             [self._thread("finish", self._finish_loop)],
@@ -737,7 +737,7 @@ class Pipeline:
         return status, event.committed
 
     def _head(self, item: _Item, status: JobStatus) -> dict[str, Any]:
-        """The keys every outbox JSON starts with, result or error file (README, Outputs)."""
+        """The keys every outbox JSON starts with, result or error file (docs/outputs.md)."""
         return {"input": item.job.key, "sha256": item.sha256 or None, "model": self.card.name,
                 "task": self.card.task, "status": status.value}
 

@@ -210,7 +210,7 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
     folder = folder.absolute()
     if not folder.is_dir():
         raise ConfigError(f"{folder}: not a folder")
-    if total is not None:  # a first walk that only counts: a list of 200,000 paths held 41.5 MB (README)
+    if total is not None:  # a first walk that only counts: a list of 200,000 paths held 41.5 MB
         total(sum(1 for _ in walk(folder, cfg.extensions, skip=(cfg.outbox,))))
     not_images: Counter[str] = Counter()  # files left alone by their names, by extension: said at the end
     paths = walk(folder, cfg.extensions, skip=(cfg.outbox,), others=lambda p: not_images.update((extension_of(p.name),)))

@@ -89,7 +89,7 @@ def _pip_said(stderr: str) -> str:
         return f"{said} (this Python has no pip: `python -m ensurepip`, or `uv pip install pip`)"
     if "from versions: none" in stderr:  # nothing reachable: no network, or an index that does not have it
         return (f"{said} (pip found no version of it on its package index: no network here, or pip's index set "
-                f"elsewhere? A machine without internet takes the built model files instead: README, Quick start)")
+                f"elsewhere? A machine without internet takes the built model files instead: docs/install.md)")
     return said
 
 

@@ -344,7 +344,7 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sam
         mb = [s.rss_bytes / 2**20 for s in samples]
         steady = [(t, m) for t, m in zip(secs, mb) if t >= warmup_s]
         # the second half of the steady state: a leak still grows there, while the allocator's and
-        # onnxruntime's settling steps (a few MB, in the first minutes) are behind it (see README: soak)
+        # onnxruntime's settling steps (a few MB, in the first minutes) are behind it (docs/operations.md)
         late = [(t, m) for t, m in steady if t >= (steady[0][0] + steady[-1][0]) / 2] if steady else []
         late_t, late_mb = [t for t, _ in late], [m for _, m in late]
         memory.update(rss_start_mb=round(mb[0], 1), rss_end_mb=round(mb[-1], 1),
@@ -358,7 +358,7 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sam
         if steady:  # the first and last sample after the warm-up: what a soak compares
             memory.update(steady_start_mb=round(steady[0][1], 1), steady_end_mb=round(steady[-1][1], 1))
         gpu = [(t, s.gpu_bytes / 2**20) for t, s in zip(secs, samples) if s.gpu_bytes is not None]
-        if gpu:  # CUDA runs with NVML: reported, not judged (see README: Running on a GPU)
+        if gpu:  # CUDA runs with NVML: reported, not judged (docs/gpu.md)
             gpu_steady = [(t, m) for t, m in gpu if t >= warmup_s]
             memory.update(gpu_start_mb=round(gpu[0][1], 1), gpu_end_mb=round(gpu[-1][1], 1),
                           gpu_peak_mb=round((sampled.peak_gpu or 0) / 2**20, 1),

@@ -49,7 +49,7 @@ GROUP_S = 0.05
 CHECKPOINT_S = 1.0
 # SQLite starts its log over only when a write begins right after a checkpoint copied everything, and a
 # writer committing every few tens of ms while a checkpoint takes longer rarely leaves that gap: under
-# full load the log grew to 220 MB in 40 s (README, Database). Past this size the checkpoint thread
+# full load the log grew to 220 MB in 40 s (docs/database.md). Past this size the checkpoint thread
 # runs a TRUNCATE checkpoint, which empties the log; it holds the writer only while it runs, and
 # waits at most WAL_RESET_WAIT_MS for readers (a `worker query` mid-read) before giving up until next time.
 WAL_RESET_BYTES = 64 << 20
@@ -242,7 +242,7 @@ class Recorder:
 
     def _warm_up(self) -> None:
         """Compile the claims' id query now (about 1 ms of SQLAlchemy's, once) rather than in the
-        first image's claim, which its decode thread waits for (README, Watch-mode latency)."""
+        first image's claim, which its decode thread waits for (docs/performance.md)."""
         if self._conn is None:
             return
         try:
