@@ -34,10 +34,10 @@ def _leaf_commands(group=cli, prefix=""):
 
 
 def test_every_command_documented_with_example() -> None:
-    readme = (ROOT / "README.md").read_text()
+    commands = (ROOT / "docs" / "commands.md").read_text()
     assert sorted(_leaf_commands()) == sorted(COMMANDS)
     for command in COMMANDS:
-        assert f"worker {command}" in readme, f"README lacks `worker {command}`"
+        assert f"worker {command}" in commands, f"docs/commands.md lacks `worker {command}`"
         out = CliRunner().invoke(cli, [*command.split(), "--help"])
         assert out.exit_code == 0 and "Example" in out.output, command
 

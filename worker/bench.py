@@ -451,7 +451,7 @@ def plain_preprocess(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, in
     """The card's preprocessing as a plain per-image script writes it: the resize, then the colour
     order and normalisation with numpy broadcasting and a transpose. The same tensor as the worker's
     `prepare`, which normalises one channel at a time, a few times faster on this CPU
-    (tests/perf/NOTES.md, the hot-path table)."""
+    (`python tests/perf/hot_path.py`)."""
     resized, geo = resize_for(image, spec, size_hw)
     if spec.color == "rgb":
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)

@@ -262,7 +262,7 @@ class Pipeline:
     def _warm_up_thread(step: Callable[[], object], warmed: threading.Event) -> None:
         """A new thread's first image pays for what is set up per thread: a decode thread's database
         connection and its first decode and preprocessing (about 1-3 ms more than later images' on
-        YOLOv3-tiny at 640 px: tests/perf/NOTES.md, Watch-mode latency), an inference thread's CUDA
+        YOLOv3-tiny at 640 px: `python tests/perf/watch_tail.py`), an inference thread's CUDA
         handles. Each such thread pays it here, before intake starts: the constructor waits for them."""
         try:
             step()
