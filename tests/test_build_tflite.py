@@ -76,7 +76,8 @@ def _litert(model: Path, x: np.ndarray) -> dict[str, np.ndarray]:
 
 def _onnx(model: Path, x: np.ndarray) -> dict[str, np.ndarray]:
     session = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    names = [output.name for output in session.get_outputs()]
+    outputs = session.get_outputs()
+    names = [output.name for output in outputs]
     return dict(zip(names, session.run(names, {session.get_inputs()[0].name: x})))
 
 
