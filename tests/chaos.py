@@ -24,14 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from tests.conftest import CACHE, wait_for
-from tests.test_crash import (
-    check_outcome,
-    kill_rounds,
-    make_corpus,
-    runs,
-    start,
-    write_config,
-)
+from tests.support.crash import check_outcome, kill_rounds, make_corpus, runs, start, write_config
 
 
 def produce(src: Path, inbox: Path, rels: list[str], rng: random.Random) -> None:

@@ -143,14 +143,14 @@ def test_the_bench_feeds_a_users_own_model_as_the_worker_does(tmp_path: Path) ->
     from click.testing import CliRunner
 
     from tests.conftest import CACHE
-    from tests.test_own_models import _card_file, _channels_last_model
+    from tests.support.onnx_models import card_file, channels_last_model
     from worker.cli import cli
 
     models = tmp_path / "models"
-    folder = _card_file(models, "tf", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
+    folder = card_file(models, "tf", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
                         "preprocess: {color: rgb, resize: stretch, mean: [0, 0, 0], std: [1, 1, 1]}\n"
                         "postprocess: {output: logits}\nlabels: [background, leaf, sky]")
-    _channels_last_model(folder / "tf.onnx", TensorProto.UINT8)
+    channels_last_model(folder / "tf.onnx", TensorProto.UINT8)
     settings = yaml.safe_load((ROOT / "config.yaml").read_text())  # C runs `worker run` with this config
     settings.update(models_dir=str(models), cache_dir=str(CACHE))
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(settings))

@@ -15,8 +15,9 @@ import cv2
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import CACHE, ROOT, wait_for
+from tests.conftest import ROOT, wait_for
 from tests.support.terminal import on_a_terminal
+from tests.support.cli import cli_run, config_file
 from worker.cli import cli
 from worker.config import Config
 
@@ -55,7 +56,7 @@ def test_control_characters_in_names_are_escaped_in_tables_and_log_lines(tmp_pat
     """A file name may hold a newline or an escape sequence: printed as it is, it broke `query`'s table
     into two rows, and in the log it could forge a line or drive the terminal. Tables and log lines escape
     them (\\n, \\x1b); the JSON output and the database keep the name as it is."""
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     folder = tmp_path / "in"
     folder.mkdir()
     (folder / "two\nlines.png").write_bytes(b"not an image")
@@ -77,30 +78,8 @@ def _not_json(token: str) -> None:
     raise AssertionError(f"{token} is not JSON (strict parsers such as jq refuse it)")
 
 
-def _config(tmp_path: Path) -> Path:
-    p = tmp_path / "config.yaml"
-    p.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
-                 f"models_dir: {ROOT / 'models'}\ncache_dir: {CACHE}\n"
-                 f"watch: {{settle_s: 0.3, create_inbox: true}}\nmetrics: {{memory_sample_s: 0.5}}\n")
-    return p
-
-
-def cli_run(tmp_path: Path, samples: Path, names: tuple[str, ...], config: str) -> tuple[Path, CliRunner]:
-    """`worker run` through the CLI over copies of sample images, with `config` added to the test config."""
-    conf = _config(tmp_path)
-    conf.write_text(conf.read_text() + config)
-    folder = tmp_path / "in"
-    folder.mkdir()
-    for name in names:
-        shutil.copy(samples / name, folder / name)
-    r = CliRunner()
-    out = r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"])
-    assert out.exit_code == 0, out.output
-    return conf, r
-
-
 def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     folder = tmp_path / "in"
     folder.mkdir()
     shutil.copy(samples / "page.png", folder / "page.png")
@@ -200,7 +179,7 @@ def test_run_query_stats_models_db(tmp_path: Path, samples: Path, ppocr_onnx: Pa
 def test_run_says_which_files_it_left_alone_for_their_names(tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
     """Photos saved as .heic, a notes file and a README beside the images: `run` takes the image and says
     how many it left alone, by extension (before: nothing said them, only a folder of none got a note)."""
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     folder = tmp_path / "in"
     (folder / "sub").mkdir(parents=True)
     shutil.copy(samples / "coffee.png", folder / "coffee.png")
@@ -217,7 +196,7 @@ def test_run_says_which_files_it_left_alone_for_their_names(tmp_path: Path, samp
 def test_run_pages_all_from_the_command_line(tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
     """--pages all overrides the config's pipeline.pages for one run: a 2-page TIFF gives one JSON of
     two pages, and the summary counts them."""
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     folder = tmp_path / "in"
     folder.mkdir()
     pictures = [cv2.imread(str(samples / n)) for n in ("coffee.png", "chelsea.png")]
@@ -271,7 +250,7 @@ def test_the_commands_that_read_the_database_close_it(tmp_path: Path, samples: P
     over the suite before): with the collector off, no file of the database is left open."""
     if not Path("/proc/self/fd").is_dir():
         pytest.skip("no /proc/self/fd here to list open files")
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     folder = tmp_path / "in"
     folder.mkdir()
     shutil.copy(samples / "page.png", folder / "page.png")
@@ -323,21 +302,21 @@ def test_readers_refuse_a_missing_database_and_run_says_when_it_found_nothing(tm
     r = CliRunner()
     missing = tmp_path / "typo" / "worker.db"
     for command in (["query"], ["stats"], ["export", "coco", "--model", "yolov3-tiny"]):
-        out = r.invoke(cli, ["--config", str(_config(tmp_path)), *command, "--db", f"sqlite:///{missing}"])
+        out = r.invoke(cli, ["--config", str(config_file(tmp_path)), *command, "--db", f"sqlite:///{missing}"])
         assert out.exit_code != 0 and f"no database at {missing}" in str(out.exception), command
     assert not missing.parent.exists()
     for url, why in (("notaurl", "cannot be parsed"), ("mysql://u@h/d", "SQLite and PostgreSQL are supported"),
                      ("postgresql+nosuchdriver://u@h/d", "its driver is not installed")):
-        out = r.invoke(cli, ["--config", str(_config(tmp_path)), "query", "--db", url])
+        out = r.invoke(cli, ["--config", str(config_file(tmp_path)), "query", "--db", url])
         assert out.exit_code != 0 and why in str(out.exception), url
     no_runs = f"sqlite:///{tmp_path / 'no-runs.db'}"  # made by `db upgrade`, nothing run yet
     assert r.invoke(cli, ["db", "upgrade", "--db", no_runs]).exit_code == 0
-    out = r.invoke(cli, ["--config", str(_config(tmp_path)), "stats", "--db", no_runs])
+    out = r.invoke(cli, ["--config", str(config_file(tmp_path)), "stats", "--db", no_runs])
     assert out.exit_code == 0 and out.output == "no runs on record yet (`worker run` or `worker watch` records one)\n"
     empty = tmp_path / "empty"
     (empty / ".hidden.jpg").parent.mkdir()
     (empty / ".hidden.jpg").write_bytes(b"")
-    out = r.invoke(cli, ["--config", str(_config(tmp_path)), "run", str(empty), "--no-progress"])
+    out = r.invoke(cli, ["--config", str(config_file(tmp_path)), "run", str(empty), "--no-progress"])
     assert out.exit_code == 0 and f"note: no image under {empty}" in out.output
 
 
@@ -361,7 +340,7 @@ def test_config_error_is_a_clear_message(tmp_path: Path) -> None:
 
 
 def test_demo(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
-    out = CliRunner().invoke(cli, ["--config", str(_config(tmp_path)), "demo"])
+    out = CliRunner().invoke(cli, ["--config", str(config_file(tmp_path)), "demo"])
     assert out.exit_code == 0, out.output
     assert out.output.count("done 8, failed 0") == 3 and "outbox:" in out.output and "database:" in out.output
     assert "espresso 0.95" in out.output and "cup 0.65" in out.output and "text mask 13.77%" in out.output
@@ -431,7 +410,7 @@ def test_export_coco_and_outputs(tmp_path: Path, samples: Path, yolo_onnx: Path)
 def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path, ppocr_onnx: Path, sig: str) -> None:
     """SIGHUP (the terminal a worker was started from goes away) drains as SIGINT does, rather than
     killing the worker on the spot, an attempt counted against each image in flight."""
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     # the signal's default disposition: under `nohup` (tests run so) SIGHUP would be ignored from the
     # start, and the worker rightly keeps it ignored (the test below)
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "watch"],
@@ -455,7 +434,7 @@ def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path,
 def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     """`nohup worker watch &` ignores SIGHUP so that the worker outlives its terminal: the drain on SIGHUP
     must not undo that."""
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "watch"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                             preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
@@ -479,7 +458,7 @@ def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, samples: Path, 
 @pytest.mark.timeout(120)
 def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, samples: Path,
                                                             ppocr_onnx: Path) -> None:
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     # every image queued at once: the first Ctrl-C's drain is then all of them (seconds), which the second
     # arrives well within (with the default queue a fast machine could drain before it, and exit 0)
     conf.write_text(conf.read_text() + "pipeline: {queue_size: 1000}\n")
@@ -519,7 +498,7 @@ def test_models_list_shows_the_cards_that_load_and_says_what_is_wrong_with_the_r
     shutil.copytree(ROOT / "models" / "ppocr-det", models / "ppocr-det")
     (models / "half").mkdir()
     (models / "half" / "model.yaml").write_text("name: half\ntask: [\n")
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "list"])
     assert out.exit_code == 1 and "ppocr-det" in out.output and "segment" in out.output
@@ -531,16 +510,16 @@ def test_models_list_shows_the_cards_that_load_and_says_what_is_wrong_with_the_r
 def test_models_check_says_what_the_worker_feeds_and_reads_or_why_the_card_is_refused(tmp_path: Path) -> None:
     """A user's deploy export (images and sizes in; labels, boxes and scores out) is described input by
     input; a card that contradicts its model fails the check with the reason, as a start would."""
-    from tests.test_own_models import _card_file, _deploy_detector
+    from tests.support.onnx_models import card_file, deploy_detector
     from worker.errors import ModelError
 
     models = tmp_path / "models"
     body = ("task: detect\ninput: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
             "postprocess: {outputs: [boxes, scores, labels], layout: end2end}\n")
-    _deploy_detector(_card_file(models, "deploy", body + "labels: [person, cup, car]") / "deploy.onnx")
-    _deploy_detector(_card_file(models, "wrong", body.replace("outputs: [boxes, scores, labels]",
+    deploy_detector(card_file(models, "deploy", body + "labels: [person, cup, car]") / "deploy.onnx")
+    deploy_detector(card_file(models, "wrong", body.replace("outputs: [boxes, scores, labels]",
                                                                 "outputs: [boxes, whwh]")) / "wrong.onnx")
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "deploy"])
     assert out.exit_code == 0, out.output
@@ -556,14 +535,14 @@ def test_models_check_says_what_the_worker_feeds_and_reads_or_why_the_card_is_re
 
 
 def test_models_check_says_an_instance_segmenter_s_prototype_masks_give_the_masks(tmp_path: Path) -> None:
-    from tests.test_own_models import _card_file, _quadrant_segmenter
+    from tests.support.onnx_models import card_file, quadrant_segmenter
 
     models = tmp_path / "models"
-    _quadrant_segmenter(_card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+    quadrant_segmenter(card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
                                                    "postprocess: {output: output0, masks: output1, layout: yolov8}\n"
                                                    "labels: [part, scratch]")
                         / "quad.onnx", "yolov8")
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "quad"])
     assert out.exit_code == 0, out.output
@@ -646,7 +625,7 @@ def test_run_on_a_terminal_prints_log_lines_above_its_progress_bar(tmp_path: Pat
                                                                      effnet_onnx: Path) -> None:
     """On a terminal the bar was drawn, then a log line written after it on the same line
     (`0/3 [00:00<?, ?img/s]2026-12-05 ... INFO worker.engine: ...`)."""
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     folder = tmp_path / "in"
     folder.mkdir()
     for name in ("chelsea.png", "coffee.png", "rocket.jpg"):
@@ -675,7 +654,7 @@ def test_export_of_a_run_takes_its_model_and_its_outbox(tmp_path: Path, samples:
                                                          yolo_onnx: Path, capfd, caplog) -> None:
     """`export coco --run 3` exported the config's model (an empty file, exit 0), and read masks only from
     the config's outbox, with a flood of OpenCV `imread_` lines on stderr for the ones not there."""
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     conf.write_text(conf.read_text() + "model: efficientnet-lite0\n")  # a classifier: no COCO export of its own
     r = CliRunner()
     for name, model, outbox in (("text", "ppocr-det", "o1"), ("things", "yolov3-tiny", "o2")):

@@ -12,19 +12,13 @@ import pytest
 from pycocotools import mask as coco_mask
 from pycocotools.coco import COCO
 
-from tests.test_cli import cli_run
+from tests.support.cli import cli_run
+from tests.support.coco import rasterise
 from worker.cli import cli
 from worker.export import edge_polygons, rle_of
 
 # pycocotools' decode predates numpy 2's copy keyword; it works, and says so on every call
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")
-
-
-def rasterise(polygons: list[list[float]], h: int, w: int) -> np.ndarray:
-    """What a COCO consumer makes of an annotation's polygons: pycocotools' own rasterisation."""
-    if not polygons:
-        return np.zeros((h, w), bool)
-    return coco_mask.decode(coco_mask.merge(coco_mask.frPyObjects(polygons, h, w))).astype(bool)
 
 
 def filled(part: np.ndarray) -> np.ndarray:

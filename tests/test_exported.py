@@ -167,11 +167,11 @@ def test_a_card_without_labels_takes_the_export_s_class_names(cfg, tmp_path: Pat
 def _own_export(models: Path, name: str, rows: np.ndarray, more: str, metadata: dict[str, str]) -> None:
     """models/<name>: a card of a YOLOv8 detector on a 32x48 letterboxed input (`more` added to it) and
     a model giving the fixed `rows` (values, anchors) whose file carries Ultralytics' `metadata`."""
-    from tests.test_own_models import _card_file, _rows_model
+    from tests.support.onnx_models import card_file, rows_model
 
-    folder = _card_file(models, name, "task: detect\ninput: {name: input, size: [32, 48]}\npreprocess: "
+    folder = card_file(models, name, "task: detect\ninput: {name: input, size: [32, 48]}\npreprocess: "
                                       f"{{resize: letterbox}}\npostprocess: {{output: output0, layout: yolov8}}{more}")
-    _rows_model(folder / f"{name}.onnx", rows[None], np.zeros_like(rows)[None])
+    rows_model(folder / f"{name}.onnx", rows[None], np.zeros_like(rows)[None])
     _add_metadata(folder / f"{name}.onnx", {**ULTRALYTICS, **metadata})
 
 

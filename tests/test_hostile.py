@@ -17,6 +17,7 @@ import pytest
 from tests import hostile
 from tests.conftest import image_rows, wait_for
 from tests.support.userns import own_user_namespace
+from tests.support.disks import fill
 from worker.jobs import Job
 from worker.names import as_text
 from worker.outbox import output_rel
@@ -24,8 +25,6 @@ from worker.service import open_pipeline, run_folder, watch
 from worker.store.db import open_db
 from worker.store.health import Health, RunState
 from worker.store.queries import run_health
-
-
 
 
 def _check(rows: dict, expected: dict) -> None:
@@ -180,19 +179,6 @@ def test_burst_of_2000_files_into_a_watched_inbox(effcfg, samples: Path) -> None
     assert len([p for p in (cfg.archive / "done").rglob("*.png")]) == n
 
 
-def _fill(fs: Path, leave: int) -> Path:
-    """Fill the filesystem at fs, then give back `leave` bytes: a ballast file to delete later."""
-    ballast = fs / "ballast"
-    with open(ballast, "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(bytes(4096))
-        except OSError:  # full
-            pass
-    os.truncate(ballast, max(ballast.stat().st_size - leave, 0))
-    return ballast
-
-
 def test_a_multi_page_file_whose_page_finds_the_outbox_full_waits_whole(cfg, tmp_path: Path, samples: Path,
                                                                          monkeypatch, request) -> None:
     """pipeline.pages: all, the outbox on a small tmpfs with room for about one page's mask: the file is
@@ -218,7 +204,7 @@ def test_a_multi_page_file_whose_page_finds_the_outbox_full_waits_whole(cfg, tmp
         folder.mkdir()
         page = cv2.imread(str(samples / "page.png"))
         assert cv2.imwritemulti(str(folder / "scan.tif"), [page, cv2.resize(page, (1536, 764)), page, page])
-        ballast = _fill(small, 6 << 10)  # the 1536 px page's mask alone is bigger than this
+        ballast = fill(small, 6 << 10)  # the 1536 px page's mask alone is bigger than this
         out: list = []
         t = threading.Thread(target=lambda: out.append(run_folder(every, folder)))
         t.start()
@@ -279,7 +265,7 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
             return any(r.status == "queued" for r in image_rows(cfg).values()) if Path(cfg.db[10:]).exists() else False
 
         # room made while the run waits: every image done, each with one attempt
-        ballast = _fill(small, 12 << 10)
+        ballast = fill(small, 12 << 10)
         t, out = start(folder("a", 30), threading.Event())
         assert wait_for(waiting, 60)
         queued = [r for r in image_rows(cfg).values() if r.status == "queued"]
@@ -307,7 +293,7 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
 
         # stopped while waiting, with more images than the job queue holds (so the run's own thread
         # waits to submit): nothing failed, what waits is left for the next run, which does it
-        ballast = _fill(small, 8 << 10)
+        ballast = fill(small, 8 << 10)
         b = folder("b", 20)
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, queue_size=2))
         stop = threading.Event()

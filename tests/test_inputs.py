@@ -11,7 +11,7 @@ from pathlib import Path
 from click.testing import CliRunner
 
 from tests.conftest import image_rows, wait_for
-from tests.test_watch import Watching
+from tests.support.watching import Watching
 from worker.cli import cli
 from worker.service import run_folder, watch
 

@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 import pytest
 
+from tests.support.onnx_models import card_file, channels_last_model, deploy_detector, quadrant_segmenter, rows_model, save_model, seg_model
 from worker.errors import ConfigError, ModelError
 from worker.export import coco
 from worker.models.card import load_card
@@ -49,16 +50,8 @@ def _softmax_classifier(path: Path) -> str:
     return out
 
 
-def _card_file(models: Path, name: str, body: str) -> Path:
-    """models/<name>/model.yaml naming <name>.onnx, with `body` (the rest of the card); returns the folder."""
-    folder = models / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "model.yaml").write_text(f"name: {name}\nonnx: {name}.onnx\n{body}\n")
-    return folder
-
-
 def _card(models: Path, name: str, body: str, resize: str = "stretch") -> None:
-    _card_file(models, name, "input: {name: input, size: [32, 48], dynamic_batch: true}\n"
+    card_file(models, name, "input: {name: input, size: [32, 48], dynamic_batch: true}\n"
                              f"preprocess: {{color: rgb, resize: {resize}, mean: [0, 0, 0], "
                              f"std: [255, 255, 255]}}\n{body}")
 
@@ -183,43 +176,15 @@ def test_softmax_on_one_map_is_refused(tmp_path: Path) -> None:
         adapter_for(load_card(tmp_path / "model.yaml")).check_output(np.zeros((1, 8, 8), np.float32))
 
 
-def _save(graph, path: Path) -> None:
-    """A graph written with onnx.helper, as a checked opset-17 model file."""
-    import onnx
-    from onnx import helper
-
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, str(path))
-
-
-def _channels_last_model(path: Path, elem: int) -> None:
-    """A TensorFlow-style export: input (N, 32, 48, 3) of `elem` type (raw 0-255 pixels when uint8), the
-    same 1x1 channel copy as `_channels_model`, output (N, 3, 32, 48) float16."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes = [helper.make_node("Cast", ["input"], ["x"], to=TensorProto.FLOAT),
-             helper.make_node("Transpose", ["x"], ["nchw"], perm=[0, 3, 1, 2]),
-             helper.make_node("Conv", ["nchw", "w"], ["conv"], kernel_shape=[1, 1]),
-             helper.make_node("Cast", ["conv"], ["logits"], to=TensorProto.FLOAT16)]
-    scale = 1 / 255 if elem == TensorProto.UINT8 else 1.0  # the card passes raw pixels for uint8
-    w = numpy_helper.from_array((np.eye(3, dtype=np.float32) * scale).reshape(3, 3, 1, 1), "w")
-    graph = helper.make_graph(nodes, "nhwc", [helper.make_tensor_value_info("input", elem, ["N", 32, 48, 3])],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT16, ["N", 3, 32, 48])],
-                              initializer=[w])
-    _save(graph, path)
-
-
 @pytest.mark.parametrize("elem, std", [("FLOAT16", 255), ("UINT8", 1)])
 def test_a_channels_last_model_of_another_input_type_gets_its_layout_and_type(own, elem: str, std: int) -> None:
     from onnx import TensorProto
 
     cfg, models, images = own
-    folder = _card_file(models, "tf", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
+    folder = card_file(models, "tf", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
                         f"preprocess: {{color: rgb, resize: stretch, mean: [0, 0, 0], std: [{std}, {std}, {std}]}}\n"
                         "postprocess: {output: logits}\nlabels: [background, leaf, sky]")
-    _channels_last_model(folder / "tf.onnx", getattr(TensorProto, elem))
+    channels_last_model(folder / "tf.onnx", getattr(TensorProto, elem))
     _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])
     assert run_folder(dataclasses.replace(cfg, model="tf"), images).figures["done"] == 1
     classes = cv2.imread(str(cfg.outbox / "bands.png.mask.png"), cv2.IMREAD_UNCHANGED)
@@ -235,7 +200,7 @@ def test_a_channels_last_model_under_a_channels_first_card_is_refused_with_the_f
     folder.mkdir(parents=True)
     (folder / "model.yaml").write_text("name: tf\nonnx: tf.onnx\ntask: segment\ninput: {name: input, size: [32, 48]}\n"
                                        "postprocess: {output: logits}\n")
-    _channels_last_model(folder / "tf.onnx", TensorProto.FLOAT)
+    channels_last_model(folder / "tf.onnx", TensorProto.FLOAT)
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=r"has 32 channels where the card's layout nchw puts them, not 3 "
                                          r"\(it looks NHWC: set input.layout: nhwc in the card\)"):
@@ -254,7 +219,7 @@ def _gray_model(path: Path, layout: str) -> None:
                               [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1, 32, 48])],
                               initializer=[numpy_helper.from_array(np.full((1, 1, 1, 1), 8.0, np.float32), "w"),
                                            numpy_helper.from_array(np.array([-4.0], np.float32), "b")])
-    _save(graph, path)
+    save_model(graph, path)
 
 
 def _gray_card(models: Path, layout: str, pre: str = "{color: gray, resize: stretch, mean: [0], std: [255]}") -> None:
@@ -356,31 +321,13 @@ def test_a_32_bit_card_gets_a_float_tiffs_temperatures_as_they_are(own) -> None:
     assert drawn.shape == (60, 90, 3) and abs(int(drawn[30, 80, 1])) <= 2  # the coldest: 0 of 255
 
 
-def _rows_model(path: Path, rows: np.ndarray, gate: np.ndarray) -> None:
-    """(N, 3, 32, 48) -> output0 (N, K, d): the fixed `rows` (1, K, d) plus the image's mean level (0-1)
-    wherever `gate` (1, K, d) is 1, so that one score follows the image."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes = [helper.make_node("ReduceMean", ["input"], ["level"], axes=[1, 2, 3], keepdims=1),  # (N, 1, 1, 1)
-             helper.make_node("Squeeze", ["level", "axis"], ["level2"]),  # (N, 1, 1)
-             helper.make_node("Mul", ["level2", "gate"], ["scored"]),
-             helper.make_node("Add", ["scored", "rows"], ["output0"])]
-    inits = [numpy_helper.from_array(rows, "rows"), numpy_helper.from_array(gate, "gate"),
-             numpy_helper.from_array(np.array([3], np.int64), "axis")]
-    image = helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 48])
-    graph = helper.make_graph(nodes, "rows", [image],
-                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", *rows.shape[1:]])],
-                              initializer=inits)
-    _save(graph, path)
-
-
 def _end2end_detector(path: Path) -> None:
     """(N, 3, 32, 48) -> (N, 3, 6) rows of x1, y1, x2, y2, score, class in input pixels: a fixed box of
     class 1 whose score is the image's mean level (0-1), one of class 5 at 0.6, and a padding row."""
     rows = np.array([[[8, 4, 24, 20, 0.0, 1], [30, 10, 46, 30, 0.6, 5], [0, 0, 0, 0, 0, 0]]], np.float32)
     gate = np.zeros((1, 3, 6), np.float32)
     gate[0, 0, 4] = 1.0  # the first row's score follows the image
-    _rows_model(path, rows, gate)
+    rows_model(path, rows, gate)
 
 
 def test_an_end_to_end_detector_gives_its_own_boxes_in_the_originals_coordinates(own) -> None:
@@ -408,7 +355,6 @@ def test_an_end_to_end_detector_gives_its_own_boxes_in_the_originals_coordinates
     assert sorted(a["category_id"] for a in exported["annotations"]) == [1, 5, 5]
 
 
-
 def _detr_detector(path: Path) -> None:
     """(N, 3, 32, 48) -> (N, 4, 7), as Ultralytics exports an RT-DETR: per query cx, cy, w, h as fractions
     of the input, then the probabilities of 3 classes. Query 0 is a cup whose score is the image's mean
@@ -418,7 +364,7 @@ def _detr_detector(path: Path) -> None:
                       [0.25, 0.25, 0.25, 0.50, 0.0, 0.0, 0.9], [0.10, 0.10, 0.10, 0.10, 0.1, 0.1, 0.1]]], np.float32)
     gate = np.zeros((1, 4, 7), np.float32)
     gate[0, 0, 5] = 1.0  # query 0's cup follows the image
-    _rows_model(path, rows, gate)
+    rows_model(path, rows, gate)
 
 
 def test_a_detr_gives_one_box_per_query_scaled_from_fractions_of_the_input(own) -> None:
@@ -439,7 +385,6 @@ def test_a_detr_gives_one_box_per_query_scaled_from_fractions_of_the_input(own) 
     assert [b["name"] for b in dark] == ["car", "cup"]  # its first cup scored 20/255, under the threshold
 
 
-
 def test_an_end_to_end_detector_with_y_first_fractions_gets_its_boxes_mapped_back(own) -> None:
     """TensorFlow's Object Detection API gives y1, x1, y2, x2 as fractions of the input (and 1-based
     classes): `box_format: yxyx`, `box_units: fractions`; letterboxed, the padding is taken off too."""
@@ -449,7 +394,7 @@ def test_an_end_to_end_detector_with_y_first_fractions_gets_its_boxes_mapped_bac
     rows = np.array([[[0.25, 0.25, 0.75, 0.75, 0.0, 1], [0, 0, 0, 0, 0, 0], [0, 0, 0, 0, 0, 0]]], np.float32)
     gate = np.zeros((1, 3, 6), np.float32)
     gate[0, 0, 4] = 1.0  # the cup's score is the image's mean level
-    _rows_model(models / "tfod" / "tfod.onnx", rows, gate)
+    rows_model(models / "tfod" / "tfod.onnx", rows, gate)
     cv2.imwrite(str(images / "white.png"), np.full((64, 64, 3), 255, np.uint8))  # scale 1/2, 8 px of padding each side
     assert run_folder(dataclasses.replace(cfg, model="tfod"), images).figures["done"] == 1
     boxes = json.loads((cfg.outbox / "white.png.json").read_text())["boxes"]
@@ -471,7 +416,7 @@ def _keras_segmenter(path: Path, maps: int) -> None:
     graph = helper.make_graph(nodes, "keras", [image],
                               [helper.make_tensor_value_info("maps", TensorProto.FLOAT, ["N", 32, 48, maps])],
                               initializer=[numpy_helper.from_array(w, "w")])
-    _save(graph, path)
+    save_model(graph, path)
 
 
 def _keras_card(models: Path, post: str, labels: str) -> None:
@@ -539,7 +484,7 @@ def _two_input_model(path: Path) -> None:
              helper.make_node("Mul", ["m", "sizes"], ["out"])]
     feeds = [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 32, 48]),
              helper.make_tensor_value_info("sizes", TensorProto.FLOAT, ["N", 3])]
-    _save(helper.make_graph(nodes, "two", feeds, [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])]),
+    save_model(helper.make_graph(nodes, "two", feeds, [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 3])]),
           path)
 
 
@@ -553,7 +498,7 @@ def _two_input_model(path: Path) -> None:
 ])
 def test_a_model_with_a_second_input_the_worker_cannot_fill_is_refused_at_start(own, sizes: str, message: str) -> None:
     cfg, models, images = own
-    _card_file(models, "two", f"task: classify\ninput: {{name: input, size: [32, 48], sizes: '{sizes}'}}\n"
+    card_file(models, "two", f"task: classify\ninput: {{name: input, size: [32, 48], sizes: '{sizes}'}}\n"
                               "labels: [a, b, c]")
     _two_input_model(models / "two" / "two.onnx")
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
@@ -561,51 +506,16 @@ def test_a_model_with_a_second_input_the_worker_cannot_fill_is_refused_at_start(
         run_folder(dataclasses.replace(cfg, model="two"), images)
 
 
-def _deploy_detector(path: Path) -> None:
-    """As the RT-DETR, D-FINE and DEIM repositories export them: inputs `images` (N, 3, 32, 48) and
-    `orig_target_sizes` (N, 2) int64 (width, height); outputs `labels` (N, 3) int64, `boxes` (N, 3, 4)
-    x1, y1, x2, y2 in the pixels of those sizes, and `scores` (N, 3). Query 0 is a cup over the middle
-    quarter whose score is the image's mean level, query 1 a car at 0.9 over the top-left quarter,
-    query 2 padding."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    unit = np.array([[[0.25, 0.25, 0.75, 0.75], [0.0, 0.0, 0.5, 0.5], [0.0, 0.0, 0.0, 0.0]]], np.float32)
-    inits = [numpy_helper.from_array(unit, "unit"), numpy_helper.from_array(np.array([[0.0, 0.9, 0.0]], np.float32),
-                                                                            "base"),
-             numpy_helper.from_array(np.array([[1.0, 0.0, 0.0]], np.float32), "gate"),
-             numpy_helper.from_array(np.array([[1, 2, 0]], np.int64), "ids"),
-             numpy_helper.from_array(np.array([1], np.int64), "one")]
-    nodes = [helper.make_node("Cast", ["orig_target_sizes"], ["wh"], to=TensorProto.FLOAT),  # (N, 2)
-             helper.make_node("Concat", ["wh", "wh"], ["whwh"], axis=1),  # (N, 4)
-             helper.make_node("Unsqueeze", ["whwh", "one"], ["whwh3"]),  # (N, 1, 4)
-             helper.make_node("Mul", ["unit", "whwh3"], ["boxes"]),  # (N, 3, 4)
-             helper.make_node("ReduceMean", ["images"], ["level"], axes=[1, 2, 3], keepdims=0),  # (N,)
-             helper.make_node("Unsqueeze", ["level", "one"], ["level2"]),  # (N, 1)
-             helper.make_node("Mul", ["level2", "gate"], ["lit"]),
-             helper.make_node("Add", ["lit", "base"], ["scores"]),  # (N, 3)
-             helper.make_node("Cast", ["level2"], ["level_ids"], to=TensorProto.INT64),
-             helper.make_node("Mul", ["level_ids", "zero"], ["nothing"]),  # (N, 1) zeros: the batch's rows
-             helper.make_node("Add", ["nothing", "ids"], ["labels"])]  # (N, 3)
-    inits.append(numpy_helper.from_array(np.array([[0]], np.int64), "zero"))
-    feeds = [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 48]),
-             helper.make_tensor_value_info("orig_target_sizes", TensorProto.INT64, ["N", 2])]
-    outs = [helper.make_tensor_value_info("labels", TensorProto.INT64, ["N", 3]),
-            helper.make_tensor_value_info("boxes", TensorProto.FLOAT, ["N", 3, 4]),
-            helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["N", 3]),
-            helper.make_tensor_value_info("whwh", TensorProto.FLOAT, ["N", 4])]  # not for joining: 4 rows, not 3
-    _save(helper.make_graph(nodes, "deploy", feeds, outs, initializer=inits), path)
-
-
 def test_a_detector_that_takes_sizes_and_gives_boxes_scores_and_labels_apart(own) -> None:
     """The sizes input gets the network input's (width, height), so the boxes come in input pixels
     and map back to the original as any detector's; the three outputs make end2end's rows."""
     cfg, models, images = own
-    folder = _card_file(models, "deploy", "task: detect\n"
+    folder = card_file(models, "deploy", "task: detect\n"
                         "input: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
                         "preprocess: {color: rgb, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}\n"
                         "postprocess: {outputs: [boxes, scores, labels], layout: end2end, threshold: 0.5}\n"
                         "labels: [person, cup, car]")
-    _deploy_detector(folder / "deploy.onnx")
+    deploy_detector(folder / "deploy.onnx")
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input
     cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))
     assert run_folder(dataclasses.replace(cfg, model="deploy"), images).figures["done"] == 2
@@ -625,37 +535,14 @@ def test_a_detector_that_takes_sizes_and_gives_boxes_scores_and_labels_apart(own
 ])
 def test_outputs_that_cannot_be_joined_stop_the_worker_at_start(own, outputs: str, message: str) -> None:
     cfg, models, images = own
-    folder = _card_file(models, "deploy", "task: detect\n"
+    folder = card_file(models, "deploy", "task: detect\n"
                         "input: {name: images, size: [32, 48], sizes: orig_target_sizes}\n"
                         f"postprocess: {{outputs: {outputs}, layout: end2end}}")
-    _deploy_detector(folder / "deploy.onnx")
+    deploy_detector(folder / "deploy.onnx")
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=message):
         run_folder(dataclasses.replace(cfg, model="deploy"), images)
     assert not cfg.outbox.exists() or not list(cfg.outbox.rglob("*.json"))
-
-
-
-def _seg_model(path: Path, rows: np.ndarray, gate: np.ndarray, protos: np.ndarray) -> None:
-    """(N, 3, 32, 48) -> an instance segmenter's two outputs, as a YOLOv8-seg export names them: output0,
-    the boxes' `rows` plus the image's mean level (0-1) wherever `gate` is 1, and output1, the prototype
-    masks `protos` (M, h, w) as they are."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    nodes = [helper.make_node("ReduceMean", ["images"], ["level"], axes=[1, 2, 3], keepdims=1),  # (N, 1, 1, 1)
-             helper.make_node("Squeeze", ["level", "axis"], ["level3"]),  # (N, 1, 1)
-             helper.make_node("Mul", ["level3", "gate"], ["scored"]),
-             helper.make_node("Add", ["scored", "rows"], ["output0"]),
-             helper.make_node("Mul", ["level", "zeros"], ["nothing"]),  # (N, M, h, w) of zeros
-             helper.make_node("Add", ["nothing", "protos"], ["output1"])]
-    inits = [numpy_helper.from_array(rows[None], "rows"), numpy_helper.from_array(gate[None], "gate"),
-             numpy_helper.from_array(protos[None], "protos"),
-             numpy_helper.from_array(np.zeros_like(protos[None]), "zeros"),
-             numpy_helper.from_array(np.array([3], np.int64), "axis")]
-    image = helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, 32, 48])
-    outs = [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["N", *rows.shape]),
-            helper.make_tensor_value_info("output1", TensorProto.FLOAT, ["N", *protos.shape])]
-    _save(helper.make_graph(nodes, "seg", [image], outs, initializer=inits), path)
 
 
 def _instance_segmenter(path: Path, shape: tuple[int, int], coefficients: int) -> None:
@@ -664,7 +551,7 @@ def _instance_segmenter(path: Path, shape: tuple[int, int], coefficients: int) -
     YOLOv5-seg's (N, 84, values)) and its prototype masks; the values are the image's mean level times
     fixed noise."""
     rng = np.random.default_rng(0)
-    _seg_model(path, np.zeros(shape, np.float32), rng.random(shape, dtype=np.float32),
+    seg_model(path, np.zeros(shape, np.float32), rng.random(shape, dtype=np.float32),
                rng.random((coefficients, 8, 12), dtype=np.float32))
 
 
@@ -680,7 +567,7 @@ def test_an_instance_segmenter_under_a_detector_s_card_without_masks_is_refused_
     output 'output0' (39, 84) has 35 classes`, and without labels its coefficients were read as 32 more
     classes."""
     cfg, models, images = own
-    folder = _card_file(models, "seg", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+    folder = card_file(models, "seg", "task: detect\ninput: {name: images, size: [32, 48]}\n"
                                        "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
                                        "std: [255, 255, 255]}\n"
                                        f"postprocess: {{output: output0, layout: {layout}}}\nlabels: {labels}")
@@ -721,12 +608,12 @@ def test_a_pose_model_under_a_card_without_keypoints_is_refused_at_start_saying_
     keypoints' pixels would be taken for 52 classes' scores (an untrained yolov8n-pose export: 106 boxes on
     a photo, scored up to 314), and with its one label refused only as `has 52 classes`."""
     cfg, models, images = own
-    folder = _card_file(models, "pose", "task: detect\ninput: {name: input, size: [32, 48]}\n"
+    folder = card_file(models, "pose", "task: detect\ninput: {name: input, size: [32, 48]}\n"
                                         "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
                                         "std: [255, 255, 255]}\n"
                                         f"postprocess: {{output: output0, layout: yolov8}}\nlabels: {labels}")
     rows = _pose_rows()
-    _rows_model(folder / "pose.onnx", rows[None], np.zeros_like(rows)[None])
+    rows_model(folder / "pose.onnx", rows[None], np.zeros_like(rows)[None])
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=rf"^model 'pose': output 'output0' \(56, 84\) {said}$"):
         run_folder(dataclasses.replace(cfg, model="pose"), images)
@@ -745,14 +632,14 @@ def test_a_pose_model_gives_each_box_its_keypoints(own) -> None:
     body = ("task: detect\ninput: {name: input, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
             "mean: [0, 0, 0], std: [255, 255, 255]}\npostprocess: {output: output0, layout: yolov8, threshold: 0.5, "
             "keypoints: [3, 3]}\nlabels: [part]")
-    folder = _card_file(models, "pose", body)
+    folder = card_file(models, "pose", body)
     # anchor 0: a box on the top-left quadrant scored by the image's level, its 3 points (x, y, seen);
     # anchor 1: the bottom-right quadrant at 0.1, under the threshold
     anchors = np.array([[12, 8, 24, 16, 0.0, 6, 4, 0.9, 18, 12, 0.2, 30, 20, 0.95],
                         *[[36, 24, 24, 16, 0.1, 40, 30, 1.0, 41, 30, 1.0, 42, 30, 1.0]] * 20], np.float32)
     gate = np.zeros_like(anchors)
     gate[0, 4] = 1.0
-    _rows_model(folder / "pose.onnx", anchors.T[None], gate.T[None])
+    rows_model(folder / "pose.onnx", anchors.T[None], gate.T[None])
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: no padding
     cfg = dataclasses.replace(cfg, model="pose", outputs=dataclasses.replace(cfg.outputs, overlays=True,
                                                                               yolo_txt=True))
@@ -803,7 +690,7 @@ def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own, layo
     body = ("task: detect\ninput: {name: input, size: [32, 48]}\npreprocess: {color: rgb, resize: letterbox, "
             f"mean: [0, 0, 0], std: [255, 255, 255]}}\npostprocess: {{output: output0, layout: {layout}, "
             "threshold: 0.5, obb: true}\nlabels: [part]")
-    folder = _card_file(models, "obb", body)
+    folder = card_file(models, "obb", body)
     # anchor 0: a 20x8 box at the input's centre turned by pi/6, scored by the image's level; the others
     # a box at 0.1, under the threshold
     anchors = np.array([[24, 16, 20, 8, 0.0, math.pi / 6], *[[10, 10, 8, 8, 0.1, -0.5]] * 20], np.float32)
@@ -812,7 +699,7 @@ def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own, layo
     if layout == "end2end":  # YOLO26-obb's rows: cx, cy, w, h, score, class, angle
         anchors, gate = np.insert(anchors, 5, 0.0, axis=1), np.insert(gate, 5, 0.0, axis=1)
     rows, gate = (anchors.T, gate.T) if layout == "yolov8" else (anchors, gate)
-    _rows_model(folder / "obb.onnx", rows[None], gate[None])
+    rows_model(folder / "obb.onnx", rows[None], gate[None])
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))
     cfg = dataclasses.replace(cfg, model="obb", outputs=dataclasses.replace(cfg.outputs, overlays=True, yolo_txt=True))
     assert run_folder(cfg, images).figures["done"] == 1
@@ -850,39 +737,12 @@ def test_an_oriented_box_detector_gives_each_box_its_angle_and_corners(own, layo
                                          r"box's angle, as YOLOv8-obb gives it\? postprocess.obb: true reads it"):
         run_folder(cfg, images)
     anchors[1:, 5] = 3.0  # no angle: past 3pi/4
-    _rows_model(folder / "obb.onnx", anchors.T[None], gate[None])
+    rows_model(folder / "obb.onnx", anchors.T[None], gate[None])
     (folder / "model.yaml").write_text(f"name: obb\nonnx: obb.onnx\n{body}\n")
     with pytest.raises(ModelError, match=r"postprocess.obb reads each row's last value as its box's angle, -pi/4 to "
                                          r"3pi/4 radians as YOLOv8-obb gives it, but output 'output0' gives 0.5236 to "
                                          r"3 there"):
         run_folder(cfg, images)
-
-
-def _quadrant_segmenter(path: Path, layout: str) -> None:
-    """(N, 3, 32, 48) -> an instance segmenter's two outputs, as YOLOv8-seg (or YOLOv5-seg, YOLO26-seg) gives
-    them: output0, 3 anchors' rows (yolov8: (N, 4+2+2, 3); yolov5: (N, 3, 5+2+2); end2end: (N, 3, 6+2),
-    the same boxes as corners, score and class), and output1, 2 prototype
-    masks (N, 2, 8, 12), a quarter of the input. Prototype 0 is +10 over the input's top-left 36x24
-    and -10 elsewhere, prototype 1 over the bottom-right 36x24: each covers its box (a quadrant) and
-    reaches into the other's, which the boxes crop. Anchor 0: a box on the top-left
-    quadrant, class 0 scored by the image's mean level (0-1), coefficients (1, 0); anchor 1: the
-    bottom-right quadrant, class 1 at 0.8, coefficients (0, 1); anchor 2: a box on the whole input at
-    0.1, under any threshold."""
-    yolov5 = layout == "yolov5"
-    anchors = np.array([[12, 8, 24, 16, 0.0, 0.0, 1, 0], [36, 24, 24, 16, 0.0, 0.8, 0, 1],
-                        [24, 16, 48, 32, 0.1, 0.0, 0, 0]], np.float32)  # cx, cy, w, h, classes, coefficients
-    gate = np.zeros_like(anchors)
-    gate[0, 4] = 1.0
-    if layout == "end2end":  # YOLO26-seg's rows: x1, y1, x2, y2, score, class, coefficients: (N, 3, 6+2)
-        anchors = np.array([[0, 0, 24, 16, 0.0, 0, 1, 0], [24, 16, 48, 32, 0.8, 1, 0, 1],
-                            [0, 0, 48, 32, 0.1, 0, 0, 0]], np.float32)
-    if yolov5:  # an objectness of 1 before the classes
-        anchors, gate = np.insert(anchors, 4, 1.0, axis=1), np.insert(gate, 4, 0.0, axis=1)
-    rows, gate = (anchors, gate) if layout != "yolov8" else (anchors.T, gate.T)
-    protos = np.full((2, 8, 12), -10.0, np.float32)
-    protos[0, :6, :9] = 10.0
-    protos[1, 2:, 3:] = 10.0
-    _seg_model(path, rows, gate, protos)
 
 
 @pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")  # pycocotools'
@@ -894,15 +754,15 @@ def test_an_instance_segmenter_gives_each_box_its_mask(own, layout: str) -> None
     database's mask path, and COCO's segmentation from it (polygons or RLE)."""
     from pycocotools import mask as coco_mask
 
-    from tests.test_export import rasterise
+    from tests.support.coco import rasterise
 
     cfg, models, images = own
-    folder = _card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+    folder = card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
                                         "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
                                         "std: [255, 255, 255]}\n"
                                         f"postprocess: {{output: output0, masks: output1, layout: {layout}, "
                                         f"threshold: 0.5}}\nlabels: [part, scratch]")
-    _quadrant_segmenter(folder / "quad.onnx", layout)
+    quadrant_segmenter(folder / "quad.onnx", layout)
     cv2.imwrite(str(images / "white.png"), np.full((64, 96, 3), 255, np.uint8))  # twice the input: no padding
     cv2.imwrite(str(images / "dark.png"), np.full((64, 96, 3), 20, np.uint8))  # its part scores 20/255
     cfg = dataclasses.replace(cfg, model="quad", outputs=dataclasses.replace(cfg.outputs, overlays=True, yolo_txt=True))
@@ -980,9 +840,9 @@ def test_a_card_s_prototype_masks_are_held_to_the_task_and_the_model(own, tmp_pa
         (tmp_path / "model.yaml").write_text(f"name: x\nonnx: x.onnx\n{body}\n")
         with pytest.raises(ConfigError, match=re.escape(message)):
             load_card(tmp_path / "model.yaml")
-    folder = _card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+    folder = card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
                                         "postprocess: {output: output0, masks: protos, layout: yolov8}")
-    _quadrant_segmenter(folder / "quad.onnx", "yolov8")
+    quadrant_segmenter(folder / "quad.onnx", "yolov8")
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
     with pytest.raises(ModelError, match=re.escape("no output named 'protos' (has ['output0', 'output1'])")):
         run_folder(dataclasses.replace(cfg, model="quad"), images)
@@ -1000,7 +860,7 @@ def _argmax_segmenter(path: Path, keepdims: int) -> None:
     graph = helper.make_graph(nodes, "argmax", [helper.make_tensor_value_info("input", TensorProto.FLOAT,
                                                                               ["N", 3, 32, 48])],
                               [helper.make_tensor_value_info("classes", TensorProto.INT64, shape)], initializer=[w])
-    _save(graph, path)
+    save_model(graph, path)
 
 
 @pytest.mark.parametrize("keepdims", [0, 1])
@@ -1058,7 +918,7 @@ def test_a_model_exported_with_a_fixed_batch_gets_padded_batches(own, dynamic: b
     image = helper.make_tensor_value_info("input", TensorProto.FLOAT, [4, 3, 32, 48])
     probs = helper.make_tensor_value_info("probs", TensorProto.FLOAT, [4, 3])
     graph = helper.make_graph(nodes, "four", [image], [probs])
-    _save(graph, models / "four" / "four.onnx")
+    save_model(graph, models / "four" / "four.onnx")
     for name, bgr in (("r.png", (0, 0, 255)), ("g.png", (0, 255, 0)), ("b.png", (255, 0, 0))):
         cv2.imwrite(str(images / name), np.full((20, 30, 3), bgr, np.uint8))
     cfg = dataclasses.replace(cfg, model="four", pipeline=dataclasses.replace(cfg.pipeline, max_batch=8))

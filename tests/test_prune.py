@@ -12,7 +12,7 @@ from click.testing import CliRunner
 from sqlalchemy import func, select, update
 
 from tests.support.terminal import on_a_terminal
-from tests.test_cli import _config
+from tests.support.cli import config_file
 from worker.cli import cli
 from worker.service import run_folder
 from worker.store.db import open_db
@@ -68,7 +68,7 @@ def test_prune_forgets_old_images_samples_and_runs(cfg, tmp_path: Path, samples:
 
 
 def test_prune_command(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     folder = _folder(tmp_path / "in", samples, ("page.png",))
     r = CliRunner()
     assert r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"]).exit_code == 0
@@ -87,7 +87,7 @@ def test_prune_command(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
 def test_prune_counts_with_dry_run_and_asks_first_on_a_terminal(tmp_path: Path, samples: Path,
                                                                 ppocr_onnx: Path) -> None:
     """`db prune --before 2999-01-01` deleted everything at once: no --dry-run, no question."""
-    conf = _config(tmp_path)
+    conf = config_file(tmp_path)
     folder = _folder(tmp_path / "in", samples, ("page.png",))
     r = CliRunner()
     assert r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"]).exit_code == 0

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 
 from tests.conftest import wait_for
-from tests.test_watch import Watching
+from tests.support.watching import Watching
 from worker.pipeline import Counts
 from worker.status import StatusLog
 

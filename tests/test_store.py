@@ -951,8 +951,8 @@ def test_a_full_database_disk_pauses_the_worker_and_loses_nothing(cfg, tmp_path:
     import threading
 
     import worker.store.recorder as recorder_mod
-    from tests.test_hostile import _fill
-    from tests.test_watch import Watching
+    from tests.support.disks import fill
+    from tests.support.watching import Watching
 
     monkeypatch.setattr(recorder_mod, "DB_RETRY_S", 0.1)
     caplog.set_level(logging.INFO)
@@ -973,7 +973,7 @@ def test_a_full_database_disk_pauses_the_worker_and_loses_nothing(cfg, tmp_path:
 
         with Watching(cfg) as w:
             assert w.ready.wait(120)
-            ballast = _fill(disk, 0)
+            ballast = fill(disk, 0)
             drop("a", 20)
             assert wait_for(lambda: "the database refuses writes (database or disk is full)" in caplog.text, 60)
             # the status line goes on meanwhile (intake waits for room, and looks up while it waits)
@@ -989,7 +989,7 @@ def test_a_full_database_disk_pauses_the_worker_and_loses_nothing(cfg, tmp_path:
         # stopped (the first Ctrl-C) while the database is full: it does not wait for room
         with Watching(cfg) as w:
             assert w.ready.wait(120)
-            ballast = _fill(disk, 0)
+            ballast = fill(disk, 0)
             drop("b", 10)
             assert wait_for(lambda: caplog.text.count("the database refuses writes") == 2, 60)
             w.stop.set()

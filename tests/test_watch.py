@@ -18,43 +18,13 @@ import pytest
 
 from tests.conftest import image_rows, read_only_view, wait_for
 from tests.support.userns import own_inotify_watches, own_user_namespace
+from tests.support.watching import Watching
 from worker.intake.scan import is_candidate
 from worker.intake import watch as watch_module
 from worker.intake.watch import MOVE_PAIRING_S, Intake, start_observer
 from worker.jobs import Job, JobStatus
 from worker.service import watch
 from worker.store.db import open_db
-
-
-class Watching:
-    """Runs `watch` on a thread; records finished jobs."""
-
-    def __init__(self, cfg) -> None:
-        self.cfg = cfg
-        self.stop = threading.Event()
-        self.ready = threading.Event()
-        self.finished: list[tuple[str, JobStatus]] = []
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="test-watch")
-
-    def _run(self) -> None:
-        try:
-            self.summary = watch(self.cfg, self.stop, on_finished=lambda j, s: self.finished.append((j.rel, s)),
-                                 ready=self.ready)
-        except BaseException as e:  # surfaced by the test
-            self.error = e
-            self.ready.set()
-
-    def __enter__(self) -> "Watching":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join(60)
-        assert self.error is None, self.error
-
-
 
 
 @pytest.mark.parametrize("observer", ["native", "polling"])
@@ -238,14 +208,14 @@ def test_an_archive_on_a_full_disk_is_said_once_and_tried_at_each_rescan(cfg, sa
         return  # it ran, and passed, with mounts of its own
     import subprocess
 
-    from tests.test_hostile import _fill
+    from tests.support.disks import fill
 
     cfg.archive.mkdir(parents=True)
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(cfg.archive)],
                       capture_output=True).returncode:
         pytest.skip("cannot mount a small tmpfs here (needs root)")
     try:
-        ballast = _fill(cfg.archive, 0)
+        ballast = fill(cfg.archive, 0)
         cfg.inbox.mkdir(parents=True)
         for name in ("coffee.png", "chelsea.png"):
             shutil.copy(samples / name, cfg.inbox / name)

@@ -1,0 +1,34 @@
+"""The CLI as the tests drive it: a config file with every writable path in a test folder, and `worker run`
+over sample images."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from tests.conftest import CACHE, ROOT
+from worker.cli import cli
+
+
+def config_file(tmp_path: Path) -> Path:
+    p = tmp_path / "config.yaml"
+    p.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
+                 f"models_dir: {ROOT / 'models'}\ncache_dir: {CACHE}\n"
+                 f"watch: {{settle_s: 0.3, create_inbox: true}}\nmetrics: {{memory_sample_s: 0.5}}\n")
+    return p
+
+
+def cli_run(tmp_path: Path, samples: Path, names: tuple[str, ...], config: str) -> tuple[Path, CliRunner]:
+    """`worker run` through the CLI over copies of sample images, with `config` added to the test config."""
+    conf = config_file(tmp_path)
+    conf.write_text(conf.read_text() + config)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in names:
+        shutil.copy(samples / name, folder / name)
+    r = CliRunner()
+    out = r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"])
+    assert out.exit_code == 0, out.output
+    return conf, r
