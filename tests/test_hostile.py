@@ -14,7 +14,7 @@ from pathlib import Path
 import cv2
 import pytest
 
-from tests import hostile
+from tests.support import hostile
 from tests.conftest import image_rows, wait_for
 from tests.support.userns import own_user_namespace
 from tests.support.disks import fill

@@ -978,9 +978,9 @@ def test_an_end_to_end_pose_model_s_keypoints_follow_its_boxes(tmp_path: Path, t
 
 @pytest.mark.parametrize("float_resize", [True, False])
 def test_an_rfdetr_export_gives_what_rfdetrs_own_inference_gives(own, samples: Path, float_resize: bool) -> None:
-    """A model with RF-DETR's inputs and outputs (tests/rfdetr_like.py: `dets` and `labels`, 3 classes and
+    """A model with RF-DETR's inputs and outputs (tests/support/rfdetr_like.py: `dets` and `labels`, 3 classes and
     the background slot) under the card docs/own-models.md gives for an RF-DETR, on four sample photos, against
-    RF-DETR 1.11.2's own ONNX inference on the same model file (tests/make_rfdetr_reference.py): the same
+    RF-DETR 1.11.2's own ONNX inference on the same model file (tests/data/make/rfdetr_reference.py): the same
     boxes, classes and scores, every query/class pair over 0.5, several queries giving two boxes, never one
     of the background slot. With `float_resize: true` (the card's) the image is resized as floats, as
     RF-DETR does, and every box is there to float32's noise; without it, OpenCV's 8-bit bilinear runs about
@@ -988,8 +988,8 @@ def test_an_rfdetr_export_gives_what_rfdetrs_own_inference_gives(own, samples: P
     the threshold may fall either side of it."""
     import shutil
 
-    from tests.make_rfdetr_reference import IMAGES
-    from tests.rfdetr_like import CARD, build
+    from tests.support.rfdetr_like import IMAGES
+    from tests.support.rfdetr_like import CARD, build
 
     cfg, models, images = own
     (models / "rfdetr-like").mkdir(parents=True)
@@ -1031,7 +1031,7 @@ def test_an_rfdetr_seg_export_gives_each_box_its_querys_mask(own, samples: Path)
     giving two boxes paints its mask once, for its better class."""
     import shutil
 
-    from tests.rfdetr_like import CARD, build
+    from tests.support.rfdetr_like import CARD, build
 
     cfg, models, images = own
     (models / "rfdetr-like").mkdir(parents=True)

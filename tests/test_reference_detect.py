@@ -230,7 +230,7 @@ def test_detr_layout_scales_fractions_to_the_input_and_keeps_every_query() -> No
 @pytest.mark.parametrize("image", ["240x480", "270x480"])
 def test_instance_masks_match_ultralytics_own(image: str) -> None:
     """Each box's mask from an instance segmenter's prototypes and coefficients, against the masks
-    Ultralytics' own `process_mask_native` made from the same numbers (tests/make_ultralytics_masks.py:
+    Ultralytics' own `process_mask_native` made from the same numbers (tests/data/make/ultralytics_masks.py:
     24 boxes on an image letterboxed into a 160x160 input, Ultralytics 8.4.190, as a YOLOv8-seg
     prediction with retina_masks=True gives them): a 240x480 image, whose padding is 10 prototype pixels,
     and a 270x480 one, whose 8.75 Ultralytics upsamples 4 times to crop (sampled once instead: IoU down
@@ -262,7 +262,7 @@ def test_instance_masks_match_ultralytics_own(image: str) -> None:
 
 def test_yolo_txt_lines_of_instance_masks_match_ultralytics_save_txt() -> None:
     """An instance segmenter's `<rel>.txt` line per box against the line Ultralytics'
-    `Results.save_txt(save_conf=True)` wrote for the same box and mask (tests/make_ultralytics_masks.py,
+    `Results.save_txt(save_conf=True)` wrote for the same box and mask (tests/data/make/ultralytics_masks.py,
     Ultralytics 8.4.190): the class, the outline's points normalised to the image, the score; no line
     for a box without a mask. A mask of several parts is one polygon in both, its outlines joined by
     seams, which each joins in its own order: there the same points, and a polygon that fills the mask."""
@@ -306,7 +306,7 @@ def test_yolo_txt_lines_of_instance_masks_match_ultralytics_save_txt() -> None:
 def test_pose_boxes_and_keypoints_match_ultralytics_own(tmp_path: Path) -> None:
     """A YOLOv8-pose output's boxes, scores, classes and keypoints for a 427x640 photo letterboxed into a
     320x320 input, against what Ultralytics' own PosePredictor postprocessing made of the same numbers
-    (tests/make_ultralytics_pose.py, Ultralytics 8.4.190): NMS, then boxes and keypoints back to the photo
+    (tests/data/make/ultralytics_pose.py, Ultralytics 8.4.190): NMS, then boxes and keypoints back to the photo
     with each side's own scale, clipped to it; a visibility as the model gave it."""
     result, golden, (h, w) = _on_golden(tmp_path, "ultralytics_pose.npz", "keypoints: [17, 3]")
     assert len(result.scores) == len(golden["conf"]) > 100
@@ -322,7 +322,7 @@ def test_pose_boxes_and_keypoints_match_ultralytics_own(tmp_path: Path) -> None:
 def test_oriented_boxes_match_ultralytics_own(tmp_path: Path) -> None:
     """A YOLOv8-obb output's oriented boxes for a 427x640 photo letterboxed into a 320x320 input, against
     what Ultralytics' own OBBPredictor postprocessing made of the same numbers
-    (tests/make_ultralytics_obb.py, Ultralytics 8.4.190): its fast NMS on the boxes' probabilistic IoU,
+    (tests/data/make/ultralytics_obb.py, Ultralytics 8.4.190): its fast NMS on the boxes' probabilistic IoU,
     then centre and sides back to the photo, the angle as it was; their corners in its order."""
     result, golden, (h, w) = _on_golden(tmp_path, "ultralytics_obb.npz", "obb: true")
     assert len(result.scores) == len(golden["conf"]) > 200
@@ -364,7 +364,7 @@ def _on_golden(tmp_path: Path, name: str, postprocess: str):
 def test_rfdetr_pairs_match_rfdetr_own(tmp_path: Path, checkpoint: str, labels: int) -> None:
     """RF-DETR's two outputs, joined (`outputs: [dets, labels]`) and read as logits (`activation: sigmoid`),
     against what RF-DETR 1.11.2's own decoder made of the same numbers for a 427x640 photo
-    (tests/make_rfdetr_decode.py): every query/class pair over the threshold a box, best first, the best
+    (tests/data/make/rfdetr_decode.py): every query/class pair over the threshold a box, best first, the best
     300; a fine-tuned model's last slot (one more than its labels) its background, never a box; a COCO
     checkpoint's 91 slots all named. The greedy reading, each query's best class, keeps fewer."""
     from worker.models.card import load_card
@@ -403,12 +403,12 @@ def test_rfdetr_pairs_match_rfdetr_own(tmp_path: Path, checkpoint: str, labels: 
 
 
 def test_rfdetr_seg_masks_match_rfdetr_own(tmp_path: Path) -> None:
-    """RF-DETR-Seg's outputs (tests/rfdetr_like.py's made-up 100 queries: boxes, logits of 3 classes and
+    """RF-DETR-Seg's outputs (tests/support/rfdetr_like.py's made-up 100 queries: boxes, logits of 3 classes and
     the background slot, 78x78 mask logits each) for a 427x640 photo, against what RF-DETR 1.11.2's own
-    PostProcess (predict()'s) made of them (tests/make_rfdetr_masks.py): the same boxes, classes and
+    PostProcess (predict()'s) made of them (tests/data/make/rfdetr_masks.py): the same boxes, classes and
     scores; each box's mask its query's logits resized to the photo, not cropped to the box, painted
     worst first into one map: the same pixels. A query's second class gets what its first leaves: none."""
-    from tests.rfdetr_like import made_up_seg
+    from tests.support.rfdetr_like import made_up_seg
     from worker.models.card import load_card
     from worker.tasks import adapter_for
     from worker.tasks.preprocess import resize_for

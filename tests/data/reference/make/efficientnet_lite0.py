@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from efficientnet_lite_pytorch import EfficientNet
 
-from common import IMAGES, about, arguments, decode, image_files, npy_bytes, package_file, sha256, versions, write_json
+from common import about, arguments, decode, image_files, npy_bytes, package_file, sha256, versions, write_json
 
 HEADER = {'model': 'efficientnet_lite0',
  'task': 'ImageNet-1k classification',

@@ -11,7 +11,7 @@ import cv2
 import mediapipe as mp
 import numpy as np
 
-from common import IMAGES, about, arguments, decode, image_files, mask_entry, package_file, sha256, versions, write_json
+from common import about, arguments, decode, image_files, mask_entry, package_file, sha256, versions, write_json
 
 HEADER = {'model': 'selfie',
  'task': 'person/background segmentation, MediaPipe selfie segmentation general model (256x256)',

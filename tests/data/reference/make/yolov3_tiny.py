@@ -7,7 +7,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from common import IMAGES, about, arguments, decode, image_files, package_file, sha256, versions, write_json
+from common import about, arguments, decode, image_files, package_file, sha256, versions, write_json
 
 HEADER = {'model': 'yolov3_tiny',
  'task': 'COCO 80-class object detection',

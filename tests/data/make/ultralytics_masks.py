@@ -1,7 +1,7 @@
 """Golden instance masks from Ultralytics' own code, for tests/test_reference_detect.py (not a test).
 
     python -m venv /tmp/ul && /tmp/ul/bin/pip install torch==2.13.0 ultralytics==8.4.190
-    PYTHONPATH=. /tmp/ul/bin/python tests/make_ultralytics_masks.py   # writes tests/data/ultralytics_masks.npz
+    PYTHONPATH=. /tmp/ul/bin/python tests/data/make/ultralytics_masks.py   # writes tests/data/ultralytics_masks.npz
 
 Smooth random prototype masks (32 of 40x40, a 160x160 input; two sets, 12 boxes each), random
 coefficients and boxes on a
@@ -54,7 +54,7 @@ def main() -> None:
     boxes2 = boxes2.astype(np.float32)
     masks2 = np.stack([ops.process_mask_native(torch.from_numpy(protos[t]), torch.from_numpy(coefficients[t]),
                                                torch.from_numpy(boxes2[t]), (H2, W)).numpy() > 0 for t in range(TRIALS)])
-    out = Path(__file__).parent / "data" / "ultralytics_masks.npz"
+    out = Path(__file__).resolve().parents[1] / "ultralytics_masks.npz"
     out.parent.mkdir(exist_ok=True)
     np.savez_compressed(out, protos=protos.astype(np.float16), coefficients=coefficients, boxes=boxes, masks=np.packbits(masks, axis=-1),
                         scores=scores, classes=classes, boxes_270=boxes2, masks_270=np.packbits(masks2, axis=-1),

@@ -1,7 +1,7 @@
 """Golden oriented boxes from Ultralytics' own postprocessing, for tests/test_reference_detect.py (not a test).
 
     python -m venv /tmp/ul && /tmp/ul/bin/pip install torch==2.13.0 ultralytics==8.4.190
-    PYTHONPATH=. /tmp/ul/bin/python tests/make_ultralytics_obb.py   # writes tests/data/ultralytics_obb.npz
+    PYTHONPATH=. /tmp/ul/bin/python tests/data/make/ultralytics_obb.py   # writes tests/data/ultralytics_obb.npz
 
 A YOLOv8-obb output for one image made up here (2 classes, 400 anchors of a 320x320 input, each row
 cx, cy, w, h, the class scores and the box's angle in radians, -pi/4 to 3pi/4: (1, 4 + 2 + 1, 400)),
@@ -44,7 +44,7 @@ def main() -> None:
     (pred,) = nms.non_max_suppression(torch.from_numpy(raw.copy()), 0.25, 0.45, nc=C, max_det=300, rotated=True)
     rboxes = torch.cat([pred[:, :4], pred[:, -1:]], dim=-1)
     rboxes[:, :4] = ops.scale_boxes((SIZE, SIZE), rboxes[:, :4], (H, W), xywh=True)
-    out = Path(__file__).parent / "data" / "ultralytics_obb.npz"
+    out = Path(__file__).resolve().parents[1] / "ultralytics_obb.npz"
     np.savez_compressed(out, raw=raw[0], shape=np.array([H, W]), input_size=SIZE, xywhr=rboxes.numpy(),
                         corners=ops.xywhr2xyxyxyxy(rboxes).numpy(), conf=pred[:, 4].numpy(), cls=pred[:, 5].numpy(),
                         ultralytics=ultralytics.__version__)

@@ -2,7 +2,7 @@
 
     python -m venv /tmp/rf && /tmp/rf/bin/pip install --no-deps rfdetr==1.11.2
     /tmp/rf/bin/pip install supervision onnxruntime pillow
-    PYTHONPATH=. /tmp/rf/bin/python tests/make_rfdetr_decode.py   # writes tests/data/rfdetr_decode.npz
+    PYTHONPATH=. /tmp/rf/bin/python tests/data/make/rfdetr_decode.py   # writes tests/data/rfdetr_decode.npz
 
 Two RF-DETR outputs for one image made up here, 300 queries each: `dets` (cx, cy, w, h as fractions of
 the input) and `labels` (class logits), once for a model fine-tuned on 3 classes (4 slots, the last
@@ -63,7 +63,7 @@ def main() -> None:
         twice = np.unique(got.query_index, return_counts=True)[1]
         print(f"{key}: {len(got.xyxy)} boxes from {len(set(got.query_index.tolist()))} queries "
               f"({(twice > 1).sum()} with two classes)")
-    out = Path(__file__).parent / "data" / "rfdetr_decode.npz"
+    out = Path(__file__).resolve().parents[1] / "rfdetr_decode.npz"
     np.savez_compressed(out, **arrays)
     print(f"{out}: {out.stat().st_size} bytes")
 

@@ -3,7 +3,7 @@ renamed into place, half written in place in three chunks), then one watch to th
 input must end with exactly one row, one complete outcome and one archived copy (tests/test_crash.py's
 checks, at a scale too slow for the suite).
 
-    python tests/chaos.py WORK_DIR ROUNDS IMAGES [--pages | --stacks]   # e.g. /tmp/chaos 60 2000 (about 2 minutes here)
+    python tests/support/chaos.py WORK_DIR ROUNDS IMAGES [--pages | --stacks]   # e.g. /tmp/chaos 60 2000 (about 2 minutes here)
 
 WORK_DIR must not exist; it keeps the inbox, outbox, archive and database for a look afterwards.
 --pages: every tenth image becomes a 3-page TIFF and the watcher runs with `pipeline.pages: all`; each
@@ -22,7 +22,7 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.conftest import CACHE, wait_for
 from tests.support.crash import check_outcome, kill_rounds, make_corpus, runs, start, write_config
 

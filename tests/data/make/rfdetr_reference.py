@@ -3,9 +3,9 @@ tests/test_own_models.py (not a test).
 
     python -m venv /tmp/rf && /tmp/rf/bin/pip install --no-deps rfdetr==1.11.2
     /tmp/rf/bin/pip install supervision onnxruntime onnx pillow
-    PYTHONPATH=. /tmp/rf/bin/python tests/make_rfdetr_reference.py SAMPLES   # writes tests/data/rfdetr_like.npz
+    PYTHONPATH=. /tmp/rf/bin/python tests/data/make/rfdetr_reference.py SAMPLES   # writes tests/data/rfdetr_like.npz
 
-Builds tests/rfdetr_like.py's model (RF-DETR's `input`, `dets` and `labels`, untrained) and runs it on
+Builds tests/support/rfdetr_like.py's model (RF-DETR's `input`, `dets` and `labels`, untrained) and runs it on
 the sample photos with `rfdetr.export._onnx.inference._run_inference` (RF-DETR 1.11.2), which reads
 the image with Pillow, resizes it as `RFDETR.predict()` does (bilinear, half-pixel centres, no
 antialiasing: its NumPy path, torchvision being absent), normalises it with ImageNet's statistics
@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.make_rfdetr_decode import rfdetr_runtime
-from tests.rfdetr_like import build
+from tests.data.make.rfdetr_decode import rfdetr_runtime
+from tests.support.rfdetr_like import IMAGES, build
 
-IMAGES = ("coffee.png", "rocket.jpg", "chelsea.png", "motorcycle_left.png")
 
 
 def main() -> None:
@@ -43,7 +42,7 @@ def main() -> None:
             arrays |= {f"{name}/xyxy": detections.xyxy.astype(np.float32), f"{name}/class_id": detections.class_id,
                        f"{name}/score": detections.confidence.astype(np.float32)}
             print(f"{name}: {len(detections.xyxy)} boxes")
-    out = Path(__file__).parent / "data" / "rfdetr_like.npz"
+    out = Path(__file__).resolve().parents[1] / "rfdetr_like.npz"
     np.savez_compressed(out, **arrays)
     print(f"{out}: {out.stat().st_size} bytes")
 

@@ -1,7 +1,7 @@
 """Golden pose results from Ultralytics' own postprocessing, for tests/test_reference_detect.py (not a test).
 
     python -m venv /tmp/ul && /tmp/ul/bin/pip install torch==2.13.0 ultralytics==8.4.190
-    PYTHONPATH=. /tmp/ul/bin/python tests/make_ultralytics_pose.py   # writes tests/data/ultralytics_pose.npz
+    PYTHONPATH=. /tmp/ul/bin/python tests/data/make/ultralytics_pose.py   # writes tests/data/ultralytics_pose.npz
 
 A YOLOv8-pose output for one image made up here (2 classes, 17 keypoints of x, y and visibility, 300
 anchors of a 320x320 input: (1, 4 + 2 + 51, 300)), and what Ultralytics' PosePredictor makes of it
@@ -47,7 +47,7 @@ def main() -> None:
     (pred,) = nms.non_max_suppression(torch.from_numpy(raw.copy()), 0.25, 0.45, nc=C, max_det=300)
     boxes = ops.scale_boxes((SIZE, SIZE), pred[:, :4].clone(), (H, W))
     kpts = ops.scale_coords((SIZE, SIZE), pred[:, 6:].view(len(pred), K, 3).clone(), (H, W))
-    out = Path(__file__).parent / "data" / "ultralytics_pose.npz"
+    out = Path(__file__).resolve().parents[1] / "ultralytics_pose.npz"
     np.savez_compressed(out, raw=raw[0], shape=np.array([H, W]), input_size=SIZE, xyxy=boxes.numpy(),
                         conf=pred[:, 4].numpy(), cls=pred[:, 5].numpy(), keypoints=kpts.numpy(),
                         ultralytics=ultralytics.__version__)

@@ -6,7 +6,7 @@ the input, and `labels` (1, 300, C): each query's class logits (a model fine-tun
 C = N + 1, the last its background). This one has the same contract and no training: each query looks
 at one 16x16 patch of a 384x384 input through two small random layers, so its boxes and scores follow
 the picture and any difference in reading, resizing or normalising the image shows in them.
-`tests/make_rfdetr_reference.py` runs it through RF-DETR's own ONNX inference helper.
+`tests/data/make/rfdetr_reference.py` runs it through RF-DETR's own ONNX inference helper.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def build(path: Path, seed: int = 38, masks: bool = False) -> None:
                       + (y[None] - (cell // grid + 0.5)[:, None, None]) ** 2)  # (300, 24, 24): above 0 within ~1.7
         level = g.node("ReduceMean", ["input"], axes=[1, 2, 3], keepdims=1)  # (1, 1, 1, 1)
         outputs.append((g.node("Add", [g.const(disc[None]), level], name="masks"), [1, QUERIES, grid, grid]))
-    g.save(path, "input", [1, 3, SIZE, SIZE], outputs, "RF-DETR's inputs and outputs, untrained (tests/rfdetr_like.py)")
+    g.save(path, "input", [1, 3, SIZE, SIZE], outputs, "RF-DETR's inputs and outputs, untrained (tests/support/rfdetr_like.py)")
 
 
 CARD = f"""name: rfdetr-like
@@ -83,3 +83,7 @@ def made_up_seg(queries: int = 100, slots: int = 4, mask_hw: tuple[int, int] = (
     masks = 4.0 * (1.0 - dx ** 2 - dy ** 2) + 1.5 * np.sin(9 * x[None, None, :] + 7 * y[None, :, None] + phase)
     dets = np.stack([cx, cy, bw, bh], 1)
     return dets.astype(np.float32), labels.astype(np.float32), masks.astype(np.float32)
+
+
+# the sample photos the golden RF-DETR outputs were made on (tests/data/make/rfdetr_reference.py)
+IMAGES = ("coffee.png", "rocket.jpg", "chelsea.png", "motorcycle_left.png")

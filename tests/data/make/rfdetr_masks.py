@@ -2,9 +2,9 @@
 
     python -m venv /tmp/rft && /tmp/rft/bin/pip install torch==2.13.0
     /tmp/rft/bin/pip install --no-deps rfdetr==1.11.2
-    PYTHONPATH=. /tmp/rft/bin/python tests/make_rfdetr_masks.py   # writes tests/data/rfdetr_masks.npz
+    PYTHONPATH=. /tmp/rft/bin/python tests/data/make/rfdetr_masks.py   # writes tests/data/rfdetr_masks.npz
 
-RF-DETR-Seg's outputs for one image, made up by tests/rfdetr_like.py's `made_up_seg` (100 queries, 3
+RF-DETR-Seg's outputs for one image, made up by tests/support/rfdetr_like.py's `made_up_seg` (100 queries, 3
 classes and the background slot, 78x78 mask logits per query), and what RF-DETR 1.11.2's
 `PostProcess.forward` (rfdetr/models/postprocess.py, the postprocessing of `RFDETR.predict()`) makes
 of them for a 427x640 photo with predict()'s threshold of 0.5: the best 100 query/class pairs, those
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tests.make_rfdetr_decode import rfdetr_runtime
-from tests.rfdetr_like import made_up_seg
+from tests.data.make.rfdetr_decode import rfdetr_runtime
+from tests.support.rfdetr_like import made_up_seg
 
 H, W = 427, 640
 
@@ -57,7 +57,7 @@ def main() -> None:
     painted = np.zeros((H, W), np.uint16)
     for k in range(len(drawn) - 1, -1, -1):  # the worst first
         painted[drawn[k]] = k + 1
-    out = Path(__file__).parent / "data" / "rfdetr_masks.npz"
+    out = Path(__file__).resolve().parents[1] / "rfdetr_masks.npz"
     np.savez_compressed(out, shape=np.array([H, W]), xyxy=xyxy, scores=scores, class_id=classes, painted=painted,
                         pixels=drawn.reshape(len(drawn), -1).sum(1))
     print(f"{out}: {len(scores)} boxes ({int(foreground.size - foreground.sum())} of the background slot left out), "
