@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.conftest import read_only_view
 from tests.support.userns import own_user_namespace
-from worker.archive import InputArchive, identity
+from worker.pipeline.archive import InputArchive, identity
 from worker.jobs import Job, JobStatus
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from worker.batcher import Batcher
+from worker.pipeline.batcher import Batcher
 
 STOP = object()
 
@@ -156,7 +156,7 @@ def test_on_cuda_each_inference_thread_runs_once_before_the_pipeline_returns(cfg
     from worker.store.recorder import Recorder, RunInfo
     from worker.tasks import adapter_for
 
-    monkeypatch.setattr("worker.pipeline.GpuMemory", lambda device_id: None)
+    monkeypatch.setattr("worker.pipeline.GpuMemory", lambda device_id: None)  # where Pipeline makes it
     card = ModelCard(name="fake", task="classify", onnx=Path("none.onnx"), input=InputSpec(size=(8, 8)),
                      postprocess=Postprocess(top_k=2), labels=("a", "b", "c"))
     engine = FakeEngine()

@@ -190,7 +190,7 @@ def test_a_multi_page_file_whose_page_finds_the_outbox_full_waits_whole(cfg, tmp
 
     import cv2
 
-    import worker.outbox_room as room_mod
+    import worker.pipeline.pause as room_mod
 
     small = tmp_path / "small"
     small.mkdir()
@@ -234,7 +234,7 @@ def test_a_full_outbox_disk_pauses_the_images_until_there_is_room(effcfg, tmp_pa
         return  # it ran, and passed, with mounts of its own
     import subprocess
 
-    import worker.outbox_room as room_mod
+    import worker.pipeline.pause as room_mod
 
     small = tmp_path / "small"
     small.mkdir()

@@ -384,7 +384,7 @@ def test_a_stack_over_the_byte_limit_is_read_page_by_page_with_the_same_results(
     each within the limit is not refused but read from disk page by page: the same JSON as when it is
     read whole, under `all` and `first`; no file is left open. So is one over PAGES_FROM_DISK_BYTES, within
     the limit, under either setting. A file of one page over the limit is refused."""
-    import worker.pipeline as pipeline
+    import worker.pipeline.prepare as pipeline  # where the decode threads read a file page by page
 
     real, from_disk = pipeline.file_pages, []
 
@@ -432,7 +432,7 @@ def test_a_stack_read_page_by_page_that_changes_meanwhile_fails_naming_why(cfg, 
                                                                             effnet_onnx: Path, monkeypatch) -> None:
     """Such a file is hashed at its claim and decoded later: another program writing to it in between (here,
     just as its first page, or its third, is decoded) fails it rather than giving that hash other pixels."""
-    import worker.pipeline as pipeline
+    import worker.pipeline.prepare as pipeline  # where the decode threads read a file page by page
 
     real = pipeline.file_pages
     when = {"page": 0}

@@ -1,4 +1,4 @@
-"""OutboxRoom's pause: jobs that found no room wait in order, decode threads wait until a check finds
+"""FullOutboxPause's pause: jobs that found no room wait in order, decode threads wait until a check finds
 room, and shutdown releases both (the pipeline drives it on a real full disk: test_hostile)."""
 
 from __future__ import annotations
@@ -7,10 +7,10 @@ import logging
 import threading
 from pathlib import Path
 
-import worker.outbox_room as room_mod
+import worker.pipeline.pause as room_mod
 from worker.errors import OutboxFull
 from worker.jobs import Job
-from worker.outbox_room import OutboxRoom
+from worker.pipeline.pause import FullOutboxPause
 
 
 def _jobs(tmp_path: Path, n: int) -> list[Job]:
@@ -26,7 +26,7 @@ def test_waiting_jobs_go_first_in_order_once_a_check_finds_room(tmp_path: Path, 
         checks.append(room_now.is_set())
         return room_now.is_set()
 
-    room = OutboxRoom(has_room, tmp_path)
+    room = FullOutboxPause(has_room, tmp_path)
     assert not room.full and room.next_waiting() is None
     jobs = _jobs(tmp_path, 3)
     with caplog.at_level(logging.WARNING):
@@ -48,7 +48,7 @@ def test_waiting_jobs_go_first_in_order_once_a_check_finds_room(tmp_path: Path, 
 def test_stop_waiting_releases_the_waiting_thread_and_hands_back_every_waiting_job(tmp_path: Path,
                                                                                  monkeypatch) -> None:
     monkeypatch.setattr(room_mod, "ROOM_CHECK_S", 0.01)
-    room = OutboxRoom(lambda: False, tmp_path)
+    room = FullOutboxPause(lambda: False, tmp_path)
     jobs = _jobs(tmp_path, 2)
     for job in jobs:
         room.defer(job, OutboxFull("full"))
@@ -70,7 +70,7 @@ def test_a_long_pause_is_said_again_with_how_long_and_how_many(tmp_path: Path, m
         looks += 1
         return looks > 2
 
-    room = OutboxRoom(has_room, tmp_path / "out")
+    room = FullOutboxPause(has_room, tmp_path / "out")
     room.defer(_jobs(tmp_path, 1)[0], OutboxFull("full"))
     with caplog.at_level(logging.ERROR):
         room.wait()

@@ -24,7 +24,7 @@ ROOM_CHECK_S = 5.0
 FULL_REMINDER_S = 600.0
 
 
-class OutboxRoom:
+class FullOutboxPause:
     """Whether the outbox has room, and the jobs that wait for it (any thread may call any method)."""
 
     def __init__(self, has_room: Callable[[], bool], where: Path) -> None:

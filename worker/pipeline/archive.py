@@ -27,6 +27,8 @@ STUCK_REMEMBERED = 100_000  # inputs that could not be moved out of the inbox (a
 KEPT_REMEMBERED = 200_000  # inputs kept in the inbox by configuration (about 300 bytes each: 60 MB at most)
 # a move that fails with one of these fails again at the next rescan: remembered, said once
 _STUCK_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
+from worker.pipeline.items import STOP
+from worker.pipeline.state import StageState
 
 
 def identity(path: Path) -> Identity | None:
@@ -120,3 +122,29 @@ class InputArchive:
         if not known:
             log.error("cannot archive %s: %s; it stays in the inbox, and is not read again unless it changes "
                       "(the move is tried again at each rescan)", job.key, e.strerror)
+
+
+class ArchiveStage(StageState):
+    """The archive thread."""
+
+    def _archive_loop(self) -> None:
+        inputs = self._inputs
+        assert inputs is not None  # the thread runs only with settings.inputs
+        while (entry := self._to_archive.get()) is not STOP:
+            job, status, committed, identity = entry
+            # only once its row is durable: a crash before never loses the image; an outcome the
+            # database refused leaves the input in the inbox, where the next rescan offers it again
+            if committed is not None and not committed.wait():
+                log.error("%s: its outcome could not be recorded: left in the inbox", job.key)
+                self._done(job, status)
+                continue
+            try:
+                inputs.archive(job, status, identity)
+            except Exception:  # never let one input stop the stage: it stays in the inbox, logged
+                log.exception("archive %s", job.key)
+            self._done(job, status)
+
+    def kept(self, rel: str, sig: tuple[int, int]) -> bool:
+        """Whether the input at `rel` with this (size, mtime_ns) was processed and kept where it is
+        (`inputs: keep`): intake need not submit it again (InputArchive.kept)."""
+        return self._inputs is not None and self._inputs.kept(rel, sig)

@@ -1,0 +1,150 @@
+"""Stage 3: postprocess, write the outputs, hand the outcome to the recorder."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from typing import Any
+
+
+from worker.errors import OutboxFull, WorkerError
+from worker.jobs import Job, JobStatus
+from worker.results import labels_of, top_score
+from worker.store.recorder import Commit, Finished
+from worker.pipeline.items import Item, STOP, WAKE
+from worker.pipeline.state import StageState
+
+log = logging.getLogger("worker.pipeline")
+
+
+JSON_TIMINGS = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms")
+
+
+class FinishStage(StageState):
+    """The finish thread: postprocess, write the outbox files, record the outcome; an image whose outputs
+    find the outbox disk full waits for room."""
+
+    def _finish_loop(self) -> None:
+        while (item := self._inferred.get()) is not STOP:
+            if item.book is not None and (item := self._bind(item)) is None:
+                continue  # a page of a file whose other pages are still on their way
+            if item.taken:  # nothing recorded, nothing archived: the other worker does both
+                self.counts.taken += 1
+                self._done(item.job, JobStatus.PROCESSING)
+                continue
+            try:
+                status, committed = self._finish(item)
+            except Exception:
+                log.exception("finish %s", item.job.key)
+                status, committed = JobStatus.FAILED, None
+            if status is JobStatus.QUEUED:
+                continue  # waits for room in the outbox: still pending, its input where it is
+            if self.settings.inputs is None:
+                self._done(item.job, status)
+            else:
+                self._to_archive.put((item.job, status, committed, item.identity))
+
+    def _done(self, job: Job, status: JobStatus) -> None:
+        with self._idle:
+            self._pending -= 1
+            self._idle.notify_all()
+        if self.on_finished is not None:
+            self.on_finished(job, status)
+
+    def _finish(self, item: Item) -> tuple[JobStatus, Commit | None]:
+        """Returns the outcome and, in watch mode, the event set once the recorder has committed it."""
+        job = item.job
+        if item.skipped:
+            self.counts.skipped += 1
+            self.counts.unread += item.unread
+            return JobStatus.DONE, None
+        event: Finished
+        t0 = time.perf_counter()
+        if item.error is None and (item.book is not None or (item.output is not None and item.geometry is not None)):
+            try:
+                event = self._succeed(item, t0) if item.book is None else self._succeed_pages(item, item.book)
+            except OutboxFull as e:
+                self._defer(item, e)
+                return JobStatus.QUEUED, None
+            except OSError as e:  # the outbox's disk, not the image (disk full, read-only): no traceback
+                item.error = f"cannot write its outputs under {self.outbox.root}: {e.strerror or e}"
+            except Exception as e:
+                log.exception("postprocess/write %s", job.key)
+                item.error = f"{type(e).__name__}: {e}"
+        if item.error is not None:
+            log.warning("failed: %s: %s", job.key, item.error)
+            self._write_error(item)
+            event = Finished(job.key, item.sha256, item.size, JobStatus.FAILED, error=item.error,
+                             timings=self._timings(item), committed=self._committed())
+        self.recorder.put(event)
+        status = event.status
+        if status is JobStatus.DONE:
+            self.counts.done += 1
+            if item.earlier_outbox is not None:
+                self.counts.earlier_outboxes[item.earlier_outbox] += 1
+            self.counts.pages += item.book.pages if item.book is not None else 1
+            self.counts.latencies_ms.add(event.timings["total_ms"] if event.timings else 0.0)
+        else:
+            self.counts.failed += 1
+        return status, event.committed
+
+    def _head(self, item: Item, status: JobStatus) -> dict[str, Any]:
+        """The keys every outbox JSON starts with, result or error file (docs/outputs.md)."""
+        return {"input": item.job.key, "sha256": item.sha256 or None, "model": self.card.name,
+                "task": self.card.task, "status": status.value}
+
+    def _write_error(self, item: Item) -> None:
+        """The outbox's word on a failed image, for whoever collects results from it (not the database's)."""
+        document = {**self._head(item, JobStatus.FAILED), "error": item.error}
+        try:
+            self.outbox.write_error(item.job.rel, document, item.pages)
+        except (OSError, WorkerError) as e:  # a full or read-only outbox: the failure is on record all the same
+            log.debug("no error file for %s: %s", item.job.key, e)
+
+    def _succeed(self, item: Item, t0: float) -> Finished:
+        job = item.job
+        result = self.adapter.postprocess(item.output, item.geometry)  # type: ignore[arg-type]
+        t1 = time.perf_counter()
+        h, w = item.geometry.orig_hw  # type: ignore[union-attr]
+        item.timings["postprocess_ms"] = (t1 - t0) * 1000
+        image = {"width": w, "height": h, **({"pages": item.pages} if item.pages > 1 else {})}
+        document = {**self._head(item, JobStatus.DONE), "image": image, **result.summary(),
+                    # up to the write (which is timed, with the total, in the database)
+                    "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in JSON_TIMINGS}}
+        json_path, outputs = self.outbox.write(job.rel, result, document, item.image, item.pages)
+        item.image = None
+        t2 = time.perf_counter()
+        item.timings["write_ms"] = (t2 - t1) * 1000
+        if outputs.overlay is not None:  # recorded with the result, as the JSON names it
+            document = {**document, "overlay": outputs.overlay}
+        return Finished(job.key, item.sha256, item.size, JobStatus.DONE, task=self.card.task,
+                        score=top_score(result), payload=document, json_path=json_path, mask_path=outputs.mask,
+                        labels=tuple(labels_of(result)), timings=self._timings(item),
+                        committed=self._committed())
+
+    def _defer(self, item: Item, reason: OutboxFull) -> None:
+        """The outbox's disk is full: no fault of the image's. It is recorded as queued (the attempt not
+        counted), its input stays where it is, and it waits with intake paused until there is room."""
+        job = item.job
+        self.recorder.put(Finished(job.key, item.sha256, item.size, JobStatus.QUEUED,
+                                   error=f"waiting for room in the outbox ({reason})", undo_attempt=True))
+        self._outbox_pause.defer(job, reason)
+        for _ in range(self.settings.decode_workers):  # a decode thread blocked on an empty queue
+            try:
+                self._jobs.put_nowait(WAKE)
+            except queue.Full:
+                break
+
+    def _timings(self, item: Item) -> dict[str, float] | None:
+        if item.sha256 == "":
+            return None  # never read: nothing to time
+        t = item.timings
+        keys = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms")
+        out: dict[str, float] = {k: round(t.get(k, 0.0), 3) for k in keys}
+        out["total_ms"] = round((time.perf_counter() - item.job.enqueued_at) * 1000, 3)
+        out["batch_size"] = item.batch_size
+        return out
+
+    def _committed(self) -> Commit | None:
+        return Commit() if self.settings.inputs is not None else None

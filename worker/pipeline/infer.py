@@ -1,0 +1,54 @@
+"""Stage 2: micro-batches run on the one shared onnxruntime session."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import numpy as np
+
+from worker.pipeline.batcher import Batcher
+from worker.pipeline.items import Item, STOP
+from worker.pipeline.state import StageState
+
+log = logging.getLogger("worker.pipeline")
+
+
+class InferStage(StageState):
+    """The inference threads: gather a micro-batch, run it, hand each image on."""
+
+    def _infer_loop(self) -> None:
+        s = self.settings
+        buf = np.empty((s.max_batch, self._channels, *self._size_hw), dtype=np.float32)  # reused every batch
+        batcher: Batcher[Item] = Batcher(self._prepared, s.max_batch, s.max_delay_ms / 1000, STOP)
+        stopping = False
+        while not stopping:
+            batch, stopping = batcher.next_batch()
+            if batch:
+                self._infer(batch, buf)
+
+    def _infer(self, batch: list[Item], buf: np.ndarray) -> None:
+        n = len(batch)
+        if n == 1 and batch[0].tensor is not None:  # a batch of one runs on its own tensor: no copy
+            x = batch[0].tensor[None]
+        else:
+            for i, item in enumerate(batch):
+                buf[i] = item.tensor
+            x = buf[:n]
+        for item in batch:
+            item.tensor = None  # release the per-image input early
+        t0 = time.perf_counter()
+        try:
+            out = self.engine.run(x)
+        except Exception as e:
+            log.exception("inference failed for a batch of %d", n)
+            for item in batch:
+                item.error = f"inference failed: {e}"
+        else:
+            ms = (time.perf_counter() - t0) * 1000
+            for i, item in enumerate(batch):
+                item.output = out[i]
+                item.batch_size = n
+                item.timings["infer_ms"] = ms
+        for item in batch:
+            self._inferred.put(item)
