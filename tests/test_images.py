@@ -211,7 +211,7 @@ def _flavours() -> dict[str, tuple[bytes, bool]]:
 @pytest.mark.parametrize("kind", list(_flavours()))
 def test_every_jpeg_decodes_exactly_as_opencv_does(kind: str) -> None:
     """The fast path (simplejpeg) only takes what it decodes pixel for pixel as OpenCV; the rest goes to OpenCV."""
-    from worker.images import _jpeg_header
+    from worker.images.headers import _jpeg_header
 
     data, fast = _flavours()[kind]
     header = _jpeg_header(data)
@@ -220,7 +220,7 @@ def test_every_jpeg_decodes_exactly_as_opencv_does(kind: str) -> None:
 
 
 def test_sample_photographs_decode_exactly_as_opencv_does(samples) -> None:
-    from worker.images import _jpeg_header
+    from worker.images.headers import _jpeg_header
 
     photos = [p for p in sorted(samples.iterdir()) if p.suffix in (".jpg", ".jpeg")]
     for p in photos:
@@ -391,11 +391,11 @@ def test_later_pages_give_each_page_as_decode_gives_the_first(tmp_path, monkeypa
     data = (tmp_path / "m.tif").read_bytes()
     want = [p if p.ndim == 3 else np.repeat(p[:, :, None], 3, axis=2) for p in pages[1:]]
     for chunk in (16, 2, 1):  # every page in one call, a call ending between pages, one page a call
-        monkeypatch.setattr(images, "PAGE_CHUNK", chunk)
+        monkeypatch.setattr(images.tiff, "PAGE_CHUNK", chunk)
         got = list(later_pages(data, "m.tif", 0))
         assert len(got) == 3 and all(np.array_equal(g, w) for g, w in zip(got, want)), chunk
         assert all(np.array_equal(g, w.astype(np.float32)) for g, w in zip(later_pages(data, "m", 0, 32), want))
-    monkeypatch.setattr(images, "PAGE_CHUNK", 16)
+    monkeypatch.setattr(images.tiff, "PAGE_CHUNK", 16)
     deep = [rng.integers(0, 65536, (8, 9, 3), dtype=np.uint16) for _ in range(2)]
     assert cv2.imwritemulti(str(tmp_path / "d.tif"), deep)
     data16 = (tmp_path / "d.tif").read_bytes()
@@ -445,7 +445,7 @@ def test_a_tiff_read_from_disk_gives_every_page_as_from_its_bytes(tmp_path, monk
         want = [decode(data, name, 0, depth), *later_pages(data, name, 0, depth)]
         assert len(want) == 3
         for chunk in (16, 2):
-            monkeypatch.setattr(images, "PAGE_CHUNK", chunk)
+            monkeypatch.setattr(images.tiff, "PAGE_CHUNK", chunk)
             with path.open("rb") as f:
                 assert tiff_pages(f) == 3
                 path.rename(tmp_path / "away.tif")  # the open file is read, whatever its name now
@@ -641,7 +641,7 @@ def test_a_tiff_s_pages_are_counted_from_its_directories_classic_or_big_and_colo
     data = _gray_tiff([gray[0], thumb, gray[1], gray[2], thumb], reduced=frozenset({1, 4}))
     assert frames(data) == 3 and frames(_gray_tiff([gray[0], thumb, gray[1]])) == 3
     for chunk in (16, 1):
-        monkeypatch.setattr(images, "PAGE_CHUNK", chunk)
+        monkeypatch.setattr(images.tiff, "PAGE_CHUNK", chunk)
         got = list(later_pages(data, "t.tif", 100))
         assert len(got) == 2 and all(np.array_equal(g[:, :, 0], w) for g, w in zip(got, gray[1:]))
         (tmp_path / "t.tif").write_bytes(data)
@@ -716,9 +716,9 @@ def test_a_tiff_opencv_cannot_read_goes_to_pillow_at_its_own_depth(compression, 
         except OSError:  # Pillow 10.0's libtiff was built without Zstandard: it reads no such file either
             pytest.skip(f"this Pillow's libtiff lacks {compression}")
         data = path.read_bytes()
-        for lacks in (images.OPENCV_LACKS, {}):  # Pillow straight away, or after OpenCV fails
-            monkeypatch.setattr(images, "OPENCV_LACKS", lacks)
-            monkeypatch.setattr(images, "PAGE_CHUNK", 2)
+        for lacks in (images.samples.OPENCV_LACKS, {}):  # Pillow straight away, or after OpenCV fails
+            monkeypatch.setattr(images.samples, "OPENCV_LACKS", lacks)
+            monkeypatch.setattr(images.tiff, "PAGE_CHUNK", 2)
             for depth in (8, 16, 32):
                 if written is gray:
                     want = [np.repeat((p if depth != 8 else (p >> 8).astype(np.uint8))[:, :, None], 3, axis=2) for p in gray]

@@ -26,7 +26,8 @@ import numpy as np
 from PIL import Image
 from sqlalchemy import bindparam, insert, select
 
-from worker.images import _check_jpeg_complete, check_header, decode
+from worker.images import check_header, decode
+from worker.images.headers import _check_jpeg_complete
 from worker.maskpng import encode_mask_png
 from worker.models.card import Preprocess
 from worker.samples import fetch_samples
