@@ -652,9 +652,9 @@ def test_recorder_commits_never_checkpoint_the_wal_its_own_thread_does(tmp_path:
     """SQLite checkpoints inside the commit that crosses 1000 WAL pages (fsync included: a 15 ms stall of
     the writer, and of any claim waiting on it); the recorder's connection leaves that to `checkpoint`."""
     from worker.jobs import JobStatus
-    from worker.store import recorder as R
+    from worker.store import recorder as R, wal
 
-    monkeypatch.setattr(R, "CHECKPOINT_S", 3600.0)  # the periodic thread stays idle in this test
+    monkeypatch.setattr(wal, "CHECKPOINT_S", 3600.0)  # the periodic thread stays idle in this test
     path = tmp_path / "w.db"
     db = open_db(f"sqlite:///{path}")
     rec = R.Recorder(db, R.RunInfo("run", "/x", "m", "", "cpu", {}))
@@ -672,7 +672,7 @@ def test_recorder_commits_never_checkpoint_the_wal_its_own_thread_does(tmp_path:
     assert path.with_name("w.db-wal").stat().st_size > 1500 * page  # no commit checkpointed (or it would restart)
     raw = db.raw_connection()
     try:
-        busy, frames, copied = R.checkpoint(raw)
+        busy, frames, copied = wal.checkpoint(raw)
     finally:
         raw.close()
     assert busy == 0 and frames == copied > 1500
@@ -684,11 +684,11 @@ def test_checkpoint_thread_empties_a_wal_that_outgrew_its_bound(tmp_path: Path, 
     """Under steady writes the log rarely starts over by itself (docs/database.md): past WAL_RESET_BYTES
     the checkpoint thread truncates it. Without that, the log stays at its size after the writes."""
     from worker.jobs import JobStatus
-    from worker.store import recorder as R
+    from worker.store import recorder as R, wal
 
-    monkeypatch.setattr(R, "CHECKPOINT_S", 0.05)
+    monkeypatch.setattr(wal, "CHECKPOINT_S", 0.05)
     bound = 64 * 4096
-    monkeypatch.setattr(R, "WAL_RESET_BYTES", bound)
+    monkeypatch.setattr(wal, "WAL_RESET_BYTES", bound)
     path = tmp_path / "w.db"
     db = open_db(f"sqlite:///{path}")
     rec = R.Recorder(db, R.RunInfo("run", "/x", "m", "", "cpu", {}))
@@ -713,19 +713,19 @@ def test_a_reader_holding_its_snapshot_does_not_stall_the_writer_every_second(tm
     import time
 
     from worker.jobs import JobStatus
-    from worker.store import recorder as R
+    from worker.store import recorder as R, wal
 
     attempts: list[str] = []
-    real = R.checkpoint
+    real = wal.checkpoint
 
     def counted(conn, mode="PASSIVE", wait_ms=None):  # type: ignore[no-untyped-def]
         attempts.append(mode)
         return real(conn, mode, wait_ms)
 
-    monkeypatch.setattr(R, "checkpoint", counted)
-    monkeypatch.setattr(R, "CHECKPOINT_S", 0.02)
-    monkeypatch.setattr(R, "WAL_RESET_BYTES", 16 * 4096)
-    monkeypatch.setattr(R, "WAL_RESET_WAIT_MS", 20)
+    monkeypatch.setattr(wal, "checkpoint", counted)
+    monkeypatch.setattr(wal, "CHECKPOINT_S", 0.02)
+    monkeypatch.setattr(wal, "WAL_RESET_BYTES", 16 * 4096)
+    monkeypatch.setattr(wal, "WAL_RESET_WAIT_MS", 20)
     path = tmp_path / "w.db"
     db = open_db(f"sqlite:///{path}")
     rec = R.Recorder(db, R.RunInfo("run", "/x", "m", "", "cpu", {}))
@@ -853,7 +853,8 @@ def test_a_claim_yields_to_another_live_workers_unless_stale_or_a_recovery(tmp_p
     first holds is not taken; a claim left for longer than STALE_CLAIM_S (a worker on another host that
     died) is, and so is a recovery's."""
     from worker.jobs import JobStatus
-    from worker.store.recorder import STALE_CLAIM_S, Claimed, Commit, Finished, RunInfo, Recorder
+    from worker.store.recorder import Claimed, Commit, Finished, RunInfo, Recorder
+    from worker.store.writes import STALE_CLAIM_S
 
     db = open_db(f"sqlite:///{tmp_path / 'c.db'}")
     first, second = (Recorder(db, RunInfo("run", "/in", "m", "", "cpu", {})) for _ in range(2))

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 import psutil
 
-from worker.store.recorder import Sample
+from worker.store.events import Sample
 
 
 class LatencyWindow:

@@ -33,7 +33,8 @@ from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.status import StatusLog
 from worker.store.db import database, sqlite_file
 from worker.store.queries import other_roots
-from worker.store.recorder import Recorder, RunInfo
+from worker.store.events import RunInfo
+from worker.store.recorder import Recorder
 from worker.tasks import TaskAdapter, adapter_for
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from typing import Any
 from worker.errors import OutboxFull, WorkerError
 from worker.jobs import Job, JobStatus
 from worker.results import labels_of, top_score
-from worker.store.recorder import Commit, Finished
+from worker.store.events import Commit, Finished
 from worker.pipeline.items import Item, STOP, WAKE
 from worker.pipeline.state import StageState
 

@@ -17,7 +17,7 @@ from worker.jobs import Job
 from worker.metrics import LatencyWindow, percentiles
 from worker.model_output import ModelOutput
 from worker.results import Result
-from worker.store.recorder import Commit
+from worker.store.events import Commit
 from worker.tasks.preprocess import Geometry
 
 log = logging.getLogger("worker.pipeline")

@@ -12,7 +12,7 @@ from worker.errors import ImageError, OutboxFull
 from worker.images import later_pages
 from worker.jobs import JobStatus
 from worker.results import labels_of, top_score
-from worker.store.recorder import Finished
+from worker.store.events import Finished
 from worker.pipeline.finish import JSON_TIMINGS
 from worker.pipeline.items import Item, PageSet
 from worker.pipeline.prepare import unchanged_since_claim

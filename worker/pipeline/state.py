@@ -16,7 +16,8 @@ if TYPE_CHECKING:
     from worker.pipeline.pause import FullOutboxPause
     from worker.pipeline.items import Counts, Item, PageSet, Settings
     from worker.store.ledger import Ledger
-    from worker.store.recorder import Commit, Finished, Recorder
+    from worker.store.events import Commit, Finished
+    from worker.store.recorder import Recorder
     from worker.tasks import TaskAdapter
 
 
