@@ -813,7 +813,7 @@ def test_overlapping_instance_masks_keep_the_better_box_s_pixels_and_follow_a_le
     """Where two boxes' masks overlap, the better box's holds; a letterboxed input's padding is left
     out when the masks are brought to the original (a 20x60 image in a 32x48 input: scale 0.8, 8 px
     of padding above and below)."""
-    from worker.tasks.detect import instance_masks
+    from worker.tasks.detect.masks import instance_masks
     from worker.tasks.preprocess import Geometry
 
     protos = np.full((1, 8, 12), 10.0, np.float32)  # one prototype, positive everywhere

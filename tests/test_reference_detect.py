@@ -13,7 +13,9 @@ from tests.conftest import CACHE, REFERENCE, ROOT, run_on
 from worker.errors import ModelError
 from worker.model_output import Paired
 from worker.models.card import find_card
-from worker.tasks.detect import Detector, classwise_nms, decode_rows
+from worker.tasks.detect import Detector
+from worker.tasks.detect.nms import classwise_nms
+from worker.tasks.detect.rows import decode_rows
 from worker.tasks.preprocess import Geometry
 
 REF = json.loads((REFERENCE / "yolov3_tiny.json").read_text())
@@ -98,7 +100,7 @@ def test_rotated_nms_suppresses_what_comparing_every_pair_suppresses(seed: int) 
     written out as the full matrix of `probiou`, held to Ultralytics' own in the golden test), whatever the
     threshold, on boxes packed or spread, sides of 0 and under a pixel, duplicates, a nan, sweeps of one
     pair at a time or all at once."""
-    from worker.tasks.detect import _overlapped, probiou, rotated_nms
+    from worker.tasks.detect.nms import _overlapped, probiou, rotated_nms
 
     rng = np.random.default_rng(seed)
     for spread in (0, 20, 300, 3000):
@@ -235,7 +237,7 @@ def test_instance_masks_match_ultralytics_own(image: str) -> None:
     prediction with retina_masks=True gives them): a 240x480 image, whose padding is 10 prototype pixels,
     and a 270x480 one, whose 8.75 Ultralytics upsamples 4 times to crop (sampled once instead: IoU down
     to 0.98 there). Floating point differs where a logit is ~0."""
-    from worker.tasks.detect import instance_masks
+    from worker.tasks.detect.masks import instance_masks
 
     golden = np.load(ROOT / "tests" / "data" / "ultralytics_masks.npz")
     w, size = int(golden["shape"][1]), int(golden["input_size"])
