@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from worker import config
-from worker.bench import make_corpus
+from worker.bench.corpus import make_corpus
 from worker.samples import fetch_samples
 from worker.service import run_folder
 

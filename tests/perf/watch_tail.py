@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from worker import config
-from worker.bench import _steady, copies_of_first, make_corpus
+from worker.bench.corpus import copies_of_first, make_corpus
+from worker.bench.steady import _steady
 from worker.samples import fetch_samples
 
 def one_run(cfg: config.Config, files: list[Path], rate: float, work: Path) -> None:

@@ -98,7 +98,8 @@ def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], 
       worker bench --model efficientnet-lite0 --images 300
       worker bench --model efficientnet-lite0 --width 640 --check
     """
-    from worker.bench import as_dicts, run_bench, verdicts
+    from worker.bench import run_bench
+    from worker.bench.results import as_dicts, verdicts
     from worker.service import DEMO_MODELS
 
     cfg = load_config(ctx)
