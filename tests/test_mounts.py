@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from worker import mounts
-from worker.intake.watch import Intake, WatchedInbox, observer_kind
+from worker.intake.intake import Intake
+from worker.intake.observer import observer_kind
+from worker.intake.watch import WatchedInbox
 from worker.store.db import open_db
 
 # the format of /proc/self/mountinfo (proc(5)): mount point in field 5, the type after " - "

@@ -21,7 +21,9 @@ from tests.support.userns import own_inotify_watches, own_user_namespace
 from tests.support.watching import Watching
 from worker.intake.scan import is_candidate
 from worker.intake import watch as watch_module
-from worker.intake.watch import MOVE_PAIRING_S, Intake, start_observer
+from worker.intake import intake as intake_module, observer as observer_module
+from worker.intake.intake import Intake
+from worker.intake.observer import MOVE_PAIRING_S, start_observer
 from worker.jobs import Job, JobStatus
 from worker.service import watch
 from worker.store.db import open_db
@@ -284,7 +286,7 @@ def test_a_raised_inotify_limit_is_picked_up_without_a_restart(cfg, samples: Pat
             (folder / "before.png").write_bytes(data)
         NAMESPACE_LIMIT.write_text(before)
         assert wait_for(lambda: "inotify watches all 41 folders under the inbox again" in caplog.text), caplog.text
-        assert "the inotify watch limit is now {} ({})".format(*watch_module.inotify_limit()) in caplog.text
+        assert "the inotify watch limit is now {} ({})".format(*observer_module.inotify_limit()) in caplog.text
         for folder in folders:  # only events can bring these
             (folder / "after.png").write_bytes(data)
         assert wait_for(lambda: len(w.finished) >= 80, timeout=60), len(w.finished)
@@ -347,7 +349,7 @@ def test_watchdogs_warning_for_a_folder_watched_twice_is_not_shown(tmp_path: Pat
         with warnings.catch_warnings(record=True) as seen:
             warnings.resetwarnings()  # without pytest's filters (-W default would show every warning)
             warnings.simplefilter("always")
-            observer = watch_module.make_observer("native")  # installs the filter
+            observer = observer_module.make_observer("native")  # installs the filter
             observer.start()
             observer.stop()
             observer.join()
@@ -475,8 +477,8 @@ def test_a_kept_input_is_not_read_to_judge_it(tmp_path: Path, samples: Path, mon
     inbox.mkdir()
     (inbox / "kept.jpg").write_bytes((samples / "rocket.jpg").read_bytes()[:5000])
     judged: list[Path] = []
-    real = watch_module.cut_short
-    monkeypatch.setattr(watch_module, "cut_short", lambda path, size: judged.append(path) or real(path, size))
+    real = intake_module.cut_short
+    monkeypatch.setattr(intake_module, "cut_short", lambda path, size: judged.append(path) or real(path, size))
     submitted: list[Job] = []
     intake = Intake(inbox, (".jpg",), settle_s=0.0, rescan_s=0.0, submit=submitted.append,
                     done=lambda rel, sig: True, incomplete_s=600.0)

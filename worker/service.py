@@ -20,7 +20,8 @@ from worker.disks import DiskAlarm, LowDisk, filesystems
 from worker.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import extension_of, walk
-from worker.intake.watch import Intake, WatchedInbox, inbox_lock, outbox_lock
+from worker.intake.intake import Intake
+from worker.intake.watch import WatchedInbox, inbox_lock, outbox_lock
 from worker.jobs import Job, JobStatus
 from worker.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card, settings_digest
