@@ -13,11 +13,11 @@ from typing import Iterator
 
 import pytest
 
-from worker import mounts
+from worker.host import mounts
 from worker.config import Config, load
 from worker.models.card import find_card
 from worker.models.pull import pull
-from worker.samples import fetch_samples
+from worker.measure.samples import fetch_samples
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "tests" / "data" / "reference"  # golden outputs of the independent runtimes (see its README)

@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.conftest import read_only_view
 from tests.support.userns import own_user_namespace
 from worker.pipeline.archive import InputArchive, identity
-from worker.jobs import Job, JobStatus
+from worker.intake.jobs import Job, JobStatus
 
 
 def _input(inbox: Path, rel: str, data: bytes = b"pixels") -> tuple[Job, tuple[int, int, int]]:

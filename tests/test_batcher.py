@@ -102,9 +102,9 @@ class FakeEngine:
 def test_pipeline_with_batches_finishes_every_job_once(cfg, tmp_path: Path, monkeypatch) -> None:
     import cv2
 
-    from worker.jobs import Job
+    from worker.intake.jobs import Job
     from worker.models.card import InputSpec, ModelCard, Postprocess
-    from worker.outbox import Outbox
+    from worker.outputs.outbox import Outbox
     from worker.pipeline import Pipeline, Settings
     from worker.store.db import open_db
     from worker.store.recorder import Recorder, RunInfo
@@ -150,7 +150,7 @@ def test_on_cuda_each_inference_thread_runs_once_before_the_pipeline_returns(cfg
     """onnxruntime's CUDA provider sets up a thread's cuBLAS and cuDNN handles at its first run: on a GPU
     every inference thread warms up before intake starts (GPU memory sampling is left out here)."""
     from worker.models.card import InputSpec, ModelCard, Postprocess
-    from worker.outbox import Outbox
+    from worker.outputs.outbox import Outbox
     from worker.pipeline import Pipeline, Settings
     from worker.store.db import open_db
     from worker.store.recorder import Recorder, RunInfo

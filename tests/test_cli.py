@@ -624,7 +624,7 @@ def test_read_only_commands_never_migrate_and_db_upgrade_says_the_revision(tmp_p
 def test_run_on_a_terminal_prints_log_lines_above_its_progress_bar(tmp_path: Path, samples: Path,
                                                                      effnet_onnx: Path) -> None:
     """On a terminal the bar was drawn, then a log line written after it on the same line
-    (`0/3 [00:00<?, ?img/s]2026-12-05 ... INFO worker.engine: ...`)."""
+    (`0/3 [00:00<?, ?img/s]2026-12-05 ... INFO worker.runtime.engine: ...`)."""
     conf = config_file(tmp_path)
     folder = tmp_path / "in"
     folder.mkdir()

@@ -10,7 +10,7 @@ import onnxruntime as ort
 import pytest
 
 from worker.config import EngineConfig
-from worker.engine import Engine, default_max_batch, default_threads
+from worker.runtime.engine import Engine, default_max_batch, default_threads
 from worker.errors import ModelError, ProviderError
 
 

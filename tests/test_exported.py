@@ -107,7 +107,7 @@ def test_a_pose_export_s_keypoint_names_name_its_points_in_the_results_and_coco(
     from click.testing import CliRunner
 
     from worker.cli import cli
-    from worker.export import coco
+    from worker.outputs.coco import coco
     from worker.service import run_folder
     from worker.store.db import open_db
     from worker.store.queries import Filters

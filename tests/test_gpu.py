@@ -16,8 +16,8 @@ from click.testing import CliRunner
 from sqlalchemy.orm import Session
 
 from worker.cli import cli
-from worker.gpu import GpuMemory, conflicting_builds, installed_onnxruntime_builds, nvml_index
-from worker.metrics import MemorySampler
+from worker.runtime.gpu import GpuMemory, conflicting_builds, installed_onnxruntime_builds, nvml_index
+from worker.measure.metrics import MemorySampler
 from worker.store.db import open_db
 from worker.store.queries import run_stats
 from worker.store.schema import MemorySample, Run
@@ -80,7 +80,7 @@ def test_gpu_memory_is_this_process_s_or_else_the_device_s(monkeypatch, caplog) 
     nvml = _Nvml([other, me], used=6 << 30)
     assert GpuMemory(0, nvml)() == 300 << 20
     assert nvml.opened == [1]  # CUDA device 0 is NVML device 1 here
-    caplog.set_level(logging.INFO, logger="worker.gpu")
+    caplog.set_level(logging.INFO, logger="worker.runtime.gpu")
     alone = GpuMemory(0, _Nvml([other], used=6 << 30))  # our PID not listed (a container's own PID namespace)
     assert alone() == 6 << 30 and alone() == 6 << 30
     assert sum("whole device" in r.getMessage() for r in caplog.records) == 1
@@ -93,7 +93,7 @@ def test_gpu_memory_is_none_without_nvml_or_when_it_fails(caplog) -> None:
     try:
         import pynvml  # noqa: F401
     except ImportError:  # this machine: no nvidia-ml-py, so no NVML at all
-        caplog.set_level(logging.INFO, logger="worker.gpu")
+        caplog.set_level(logging.INFO, logger="worker.runtime.gpu")
         assert GpuMemory(0)() is None
         assert "pip install nvidia-ml-py" in caplog.text
 

@@ -18,9 +18,9 @@ from tests.support import hostile
 from tests.conftest import image_rows, wait_for
 from tests.support.userns import own_user_namespace
 from tests.support.disks import fill
-from worker.jobs import Job
-from worker.names import as_text
-from worker.outbox import output_rel
+from worker.intake.jobs import Job
+from worker.host.names import as_text
+from worker.outputs.outbox import output_rel
 from worker.service import open_pipeline, run_folder, watch
 from worker.store.db import open_db
 from worker.store.health import Health, RunState
@@ -28,7 +28,7 @@ from worker.store.queries import run_health
 
 
 def _check(rows: dict, expected: dict) -> None:
-    # a name that is not UTF-8 is recorded with its undecodable bytes as \xNN (worker.names)
+    # a name that is not UTF-8 is recorded with its undecodable bytes as \xNN (worker.host.names)
     assert sorted(rows) == sorted(as_text(rel) for rel in expected), "one row per input, no more, no less"
     for rel, (status, why) in expected.items():
         row = rows[as_text(rel)]

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from worker.maskpng import encode_class_png, encode_mask_png
+from worker.outputs.maskpng import encode_class_png, encode_mask_png
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (7, 13), (480, 640), (1441, 1921)])

@@ -158,7 +158,7 @@ def test_two_workers_pulling_one_package_download_it_once(tmp_path: Path) -> Non
     import sys
 
     from tests.conftest import wait_for
-    from worker.locks import flocked
+    from worker.host.locks import flocked
 
     package, cache = "rapidocr-onnxruntime==1.2.4", tmp_path / "packages"
     folder = cache / "rapidocr-onnxruntime-1.2.4"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from worker import mounts
+from worker.host import mounts
 from worker.intake.intake import Intake
 from worker.intake.observer import observer_kind
 from worker.intake.watch import WatchedInbox

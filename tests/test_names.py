@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from worker.names import as_text, on_disk
+from worker.host.names import as_text, on_disk
 
 
 def test_a_name_that_is_utf8_is_itself() -> None:

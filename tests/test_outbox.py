@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from worker.errors import WorkerError
-import worker.outbox as outbox_mod
-from worker.outbox import (NAME_MAX, TMP_PREFIX, Outbox, fit_name, inside, move_verified, output_rel,
+import worker.outputs.outbox as outbox_mod
+from worker.outputs.outbox import (NAME_MAX, TMP_PREFIX, Outbox, fit_name, inside, move_verified, output_rel,
                            remove_temporaries, write_atomic)
-from worker.results import Classification, Mask
+from worker.tasks.results import Classification, Mask
 
 
 def test_writes_json_and_mask_without_temporaries(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ import pytest
 
 from tests.support.onnx_models import card_file, channels_last_model, deploy_detector, quadrant_segmenter, rows_model, save_model, seg_model
 from worker.errors import ConfigError, ModelError
-from worker.export import coco
+from worker.outputs.coco import coco
 from worker.models.card import load_card
 from worker.models.onnx_graph import GraphBuilder
 from worker.service import run_folder

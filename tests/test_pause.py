@@ -9,7 +9,7 @@ from pathlib import Path
 
 import worker.pipeline.pause as room_mod
 from worker.errors import OutboxFull
-from worker.jobs import Job
+from worker.intake.jobs import Job
 from worker.pipeline.pause import FullOutboxPause
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import CACHE, REFERENCE, ROOT, run_on
 from worker.errors import ModelError
-from worker.model_output import Paired
+from worker.runtime.model_output import Paired
 from worker.models.card import find_card
 from worker.tasks.detect import Detector
 from worker.tasks.detect.nms import classwise_nms
@@ -270,8 +270,8 @@ def test_yolo_txt_lines_of_instance_masks_match_ultralytics_save_txt() -> None:
     seams, which each joins in its own order: there the same points, and a polygon that fills the mask."""
     import cv2
 
-    from worker.results import Detections
-    from worker.yolo_txt import yolo_txt
+    from worker.tasks.results import Detections
+    from worker.outputs.yolo_txt import yolo_txt
 
     golden = np.load(ROOT / "tests" / "data" / "ultralytics_masks.npz")
     h, w = (int(v) for v in golden["shape"])
@@ -332,7 +332,7 @@ def test_oriented_boxes_match_ultralytics_own(tmp_path: Path) -> None:
     assert np.array_equal(result.class_ids, golden["cls"][order].astype(np.int64))
     assert np.allclose(result.scores, golden["conf"][order], atol=1e-6)
     assert result.rotated is not None and np.abs(result.rotated - golden["xywhr"][order]).max() < 1e-3
-    from worker.results import rotated_corners
+    from worker.tasks.results import rotated_corners
     assert np.abs(rotated_corners(result.rotated) - golden["corners"][order]).max() < 1e-3
     # the bounding boxes of the corners, clipped to the photo
     corners = golden["corners"][order]

@@ -464,7 +464,7 @@ def test_pages_all_writes_each_page_s_mask_and_removes_what_an_earlier_content_l
     and its outputs are gone but the error file; COCO export makes each page an image of its own."""
     import cv2
 
-    from worker.export import coco
+    from worker.outputs.coco import coco
     from worker.store.queries import Filters
 
     every = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, pages="all", max_pixels=1_000_000))

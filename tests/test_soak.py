@@ -22,7 +22,7 @@ DRIVER = """
 import dataclasses, json, sys
 from pathlib import Path
 from worker.config import load
-from worker.soak import soak
+from worker.measure.soak import soak
 
 conf, folder, leak_bytes = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
 retained = []
@@ -99,7 +99,7 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
 
 
 def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:
-    from worker.soak import judge_memory
+    from worker.measure.soak import judge_memory
 
     def judge(late: float, minutes: float) -> tuple[list[str], list[str], list[str]]:
         return judge_memory({"late_slope_mb_per_h": late, "late_span_s": minutes * 60}, limit=2.0, warmup_s=60)
@@ -131,7 +131,7 @@ def test_release_free_heap_gives_trapped_free_pages_back() -> None:
     """Free buffers between live ones cannot be trimmed by free(); RSS drops only when they are released."""
     import psutil
 
-    from worker.metrics import _LIBC, release_free_heap
+    from worker.measure.metrics import _LIBC, release_free_heap
 
     if _LIBC is None:
         pytest.skip("glibc only: elsewhere release_free_heap does nothing")

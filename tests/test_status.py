@@ -89,7 +89,7 @@ def test_a_disk_low_on_room_is_said_with_how_soon_it_fills(tmp_path: Path, caplo
     """The status line says when a filesystem the watcher writes to runs low (here every one is, by a
     threshold of the whole disk), how much is free and how soon it fills at the rate since the last
     line; as a WARNING. Folders on one filesystem are named together; one not made yet by its parent."""
-    from worker.disks import LowDisk, filesystems
+    from worker.host.disks import LowDisk, filesystems
 
     (tmp_path / "out").mkdir()
     disks = filesystems([("outbox", tmp_path / "out"), ("archive", tmp_path / "archive" / "done"),
@@ -127,9 +127,9 @@ def test_a_disk_low_on_room_is_said_with_how_soon_it_fills(tmp_path: Path, caplo
 
 def test_a_run_without_a_status_line_is_told_of_a_low_disk_at_once_then_every_period(tmp_path: Path,
                                                                                      caplog) -> None:
-    from worker.disks import DiskAlarm, LowDisk, filesystems
+    from worker.host.disks import DiskAlarm, LowDisk, filesystems
 
-    caplog.set_level(logging.WARNING, logger="worker.disks")
+    caplog.set_level(logging.WARNING, logger="worker.host.disks")
     clock = Clock()
     disks = filesystems([("outbox", tmp_path)])
     alarm = DiskAlarm(LowDisk(disks, clock, low_bytes=0, low_fraction=1.0), 300, clock)

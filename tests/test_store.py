@@ -17,7 +17,7 @@ from sqlalchemy import func, inspect, select, text
 from tests.conftest import image_rows, read_only_view, wait_for
 from tests.support.userns import own_user_namespace
 from worker.errors import StoreError
-from worker.metrics import percentiles, slope_per_hour, slope_se_per_hour
+from worker.measure.metrics import percentiles, slope_per_hour, slope_se_per_hour
 from worker.service import run_folder, watch
 from worker.store.db import downgrade, make_engine, open_db, upgrade
 from worker.store.queries import Filters, glob_to_like, query_images, run_stats
@@ -163,7 +163,7 @@ def test_nothing_opens_a_new_database_before_it_holds_the_migration_lock(tmp_pat
     import sys
 
     from tests.conftest import wait_for
-    from worker.locks import flocked
+    from worker.host.locks import flocked
 
     db = tmp_path / "new.db"
     code = "import sys; from worker.store.db import open_db; open_db(sys.argv[1]).dispose()"
@@ -447,7 +447,7 @@ def test_stats_of_a_months_long_run_reads_every_kth_row(tmp_path: Path, monkeypa
 
 
 def test_latency_window_is_bounded_and_ordered() -> None:
-    from worker.metrics import LatencyWindow
+    from worker.measure.metrics import LatencyWindow
 
     w = LatencyWindow(head=3, tail=4)
     for v in range(10):
@@ -502,7 +502,7 @@ def test_recorder_same_image_twice_in_one_batch(tmp_path: Path) -> None:
     """A replayed image (soak) or a file dropped again can finish twice before one commit."""
     from sqlalchemy import func, select
 
-    from worker.jobs import JobStatus
+    from worker.intake.jobs import JobStatus
     from worker.store.recorder import Claimed, Finished, Recorder, RunInfo
     from worker.store.schema import ImageRow, LabelRow, ResultRow, TimingRow
 
@@ -651,7 +651,7 @@ def test_recorder_writes_a_full_transaction_without_waiting_out_the_grouping(tmp
 def test_recorder_commits_never_checkpoint_the_wal_its_own_thread_does(tmp_path: Path, monkeypatch) -> None:
     """SQLite checkpoints inside the commit that crosses 1000 WAL pages (fsync included: a 15 ms stall of
     the writer, and of any claim waiting on it); the recorder's connection leaves that to `checkpoint`."""
-    from worker.jobs import JobStatus
+    from worker.intake.jobs import JobStatus
     from worker.store import recorder as R, wal
 
     monkeypatch.setattr(wal, "CHECKPOINT_S", 3600.0)  # the periodic thread stays idle in this test
@@ -683,7 +683,7 @@ def test_recorder_commits_never_checkpoint_the_wal_its_own_thread_does(tmp_path:
 def test_checkpoint_thread_empties_a_wal_that_outgrew_its_bound(tmp_path: Path, monkeypatch) -> None:
     """Under steady writes the log rarely starts over by itself (docs/database.md): past WAL_RESET_BYTES
     the checkpoint thread truncates it. Without that, the log stays at its size after the writes."""
-    from worker.jobs import JobStatus
+    from worker.intake.jobs import JobStatus
     from worker.store import recorder as R, wal
 
     monkeypatch.setattr(wal, "CHECKPOINT_S", 0.05)
@@ -712,7 +712,7 @@ def test_a_reader_holding_its_snapshot_does_not_stall_the_writer_every_second(tm
     import sqlite3
     import time
 
-    from worker.jobs import JobStatus
+    from worker.intake.jobs import JobStatus
     from worker.store import recorder as R, wal
 
     attempts: list[str] = []
@@ -852,7 +852,7 @@ def test_a_claim_yields_to_another_live_workers_unless_stale_or_a_recovery(tmp_p
     """Two workers on one database (two `run`s of one folder): the second claim of an image that the
     first holds is not taken; a claim left for longer than STALE_CLAIM_S (a worker on another host that
     died) is, and so is a recovery's."""
-    from worker.jobs import JobStatus
+    from worker.intake.jobs import JobStatus
     from worker.store.recorder import Claimed, Commit, Finished, RunInfo, Recorder
     from worker.store.writes import STALE_CLAIM_S
 

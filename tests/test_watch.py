@@ -24,7 +24,7 @@ from worker.intake import watch as watch_module
 from worker.intake import intake as intake_module, observer as observer_module
 from worker.intake.intake import Intake
 from worker.intake.observer import MOVE_PAIRING_S, start_observer
-from worker.jobs import Job, JobStatus
+from worker.intake.jobs import Job, JobStatus
 from worker.service import watch
 from worker.store.db import open_db
 
@@ -114,7 +114,7 @@ def test_an_inbox_link_pointed_elsewhere_while_watched_is_followed(cfg, samples:
                                                                    caplog) -> None:
     """A deployment swaps the link to a new folder (a new link renamed over the old one): the watcher
     sees the folder replaced, watches the new one through the link and holds its lock."""
-    from worker.locks import flocked
+    from worker.host.locks import flocked
 
     first, second = tmp_path / "data-1", tmp_path / "data-2"
     first.mkdir()
@@ -161,7 +161,7 @@ def test_an_inbox_deleted_and_made_again_is_watched_again(cfg, samples: Path, ob
     """A cleanup script removes the inbox and makes it again: the observer on the old folder sees
     nothing more. The worker says so, watches the new folder (its events, not the rescan, which is
     off here) and holds the one-watcher lock on it."""
-    from worker.locks import flocked
+    from worker.host.locks import flocked
 
     cfg = dataclasses.replace(cfg, watch=dataclasses.replace(cfg.watch, observer=observer, rescan_interval_s=0.0,
                                                              poll_interval_s=0.2))

@@ -1,4 +1,4 @@
-"""worker/yolo_txt.py: Ultralytics' text lines of a detector's boxes and an instance segmenter's masks
+"""worker/outputs/yolo_txt.py: Ultralytics' text lines of a detector's boxes and an instance segmenter's masks
 (against Ultralytics' own save_txt: tests/test_reference_detect.py)."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from worker.results import Detections
-from worker.yolo_txt import _nearest_pair, join_outlines, yolo_txt
+from worker.tasks.results import Detections
+from worker.outputs.yolo_txt import _nearest_pair, join_outlines, yolo_txt
 
 
 def test_a_detector_s_boxes_are_centre_size_and_score_normalised_to_the_image() -> None:

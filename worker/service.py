@@ -16,20 +16,20 @@ from typing import Any, Callable, Iterator
 import sqlalchemy
 
 from worker.config import Config, Disposition
-from worker.disks import DiskAlarm, LowDisk, filesystems
-from worker.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
+from worker.host.disks import DiskAlarm, LowDisk, filesystems
+from worker.runtime.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
 from worker.intake.scan import extension_of, walk
 from worker.intake.intake import Intake
 from worker.intake.watch import WatchedInbox, inbox_lock, outbox_lock
-from worker.jobs import Job, JobStatus
-from worker.metrics import stabilize_allocator
+from worker.intake.jobs import Job, JobStatus
+from worker.measure.metrics import stabilize_allocator
 from worker.models.card import ModelCard, find_card, settings_digest
 from worker.models.exported import check_exported, exported_keypoint_names, exported_labels
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
-from worker.names import as_text
-from worker.outbox import Outbox, output_rel, remove_temporaries
+from worker.host.names import as_text
+from worker.outputs.outbox import Outbox, output_rel, remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.status import StatusLog
 from worker.store.db import database, sqlite_file
@@ -329,7 +329,7 @@ DEMO_MODELS = ("ppocr-det", "efficientnet-lite0", "yolov3-tiny")
 def demo(cfg: Config, models: tuple[str, ...] = DEMO_MODELS) -> tuple[Path, list[Summary]]:
     """Fetch the sample images and run each model over them, each into <outbox>/<model>/, with overlays
     (the results drawn on the images: what a person looks at first)."""
-    from worker.samples import fetch_samples
+    from worker.measure.samples import fetch_samples
 
     folder = fetch_samples(cfg.cache_dir)
     cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, run="keep"),  # the samples stay cached

@@ -14,8 +14,8 @@ from typing import Callable
 import numpy as np
 import psutil
 
-from worker.disks import LowDisk
-from worker.durations import span_text
+from worker.host.disks import LowDisk
+from worker.host.durations import span_text
 from worker.pipeline import Counts
 
 log = logging.getLogger("worker.status")

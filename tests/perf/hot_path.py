@@ -28,9 +28,9 @@ from sqlalchemy import bindparam, insert, select
 
 from worker.images import check_header, decode
 from worker.images.headers import _check_jpeg_complete
-from worker.maskpng import encode_mask_png
+from worker.outputs.maskpng import encode_mask_png
 from worker.models.card import Preprocess
-from worker.samples import fetch_samples
+from worker.measure.samples import fetch_samples
 from worker.store.db import open_db
 from worker.store.ledger import Ledger
 from worker.store.recorder import Claimed, Recorder, RunInfo

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from worker import config
-from worker.samples import fetch_samples
+from worker.measure.samples import fetch_samples
 
 
 def main() -> None:

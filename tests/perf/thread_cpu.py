@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from worker import config
-from worker.bench.corpus import make_corpus
-from worker.samples import fetch_samples
+from worker.measure.bench.corpus import make_corpus
+from worker.measure.samples import fetch_samples
 from worker.service import run_folder
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from worker import config
-from worker.bench.corpus import copies_of_first, make_corpus
-from worker.bench.steady import _steady
-from worker.samples import fetch_samples
+from worker.measure.bench.corpus import copies_of_first, make_corpus
+from worker.measure.bench.steady import _steady
+from worker.measure.samples import fetch_samples
 
 def one_run(cfg: config.Config, files: list[Path], rate: float, work: Path) -> None:
     steady = _steady(cfg, files, rate, work)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from worker.jobs import JobStatus
+from worker.intake.jobs import JobStatus
 from worker.service import watch
 
 

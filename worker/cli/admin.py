@@ -11,7 +11,7 @@ import click
 from worker import config as config_mod
 
 if TYPE_CHECKING:
-    from worker.engine import Engine
+    from worker.runtime.engine import Engine
     from worker.models.card import Postprocess
 from worker.cli.args import cutoff_time, optional_time
 from worker.cli.group import cli, db_option, load_config, model_filter, path_filter, run_filter

@@ -15,7 +15,7 @@ import click
 from worker import config as config_mod
 from worker.config import Config, Disposition, Pages
 from worker.errors import WorkerError
-from worker.names import printable
+from worker.host.names import printable
 
 
 log = logging.getLogger("worker")

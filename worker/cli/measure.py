@@ -41,7 +41,7 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
     Example:
       worker soak --duration 2h --images ./samples --model efficientnet-lite0
     """
-    from worker.soak import PROGRESS_S, SoakProgress, soak as run_soak, soak_workspace
+    from worker.measure.soak import PROGRESS_S, SoakProgress, soak as run_soak, soak_workspace
 
     def said(p: SoakProgress) -> None:
         slope = "slope so far: after the warm-up" if math.isnan(p.slope_mb_per_h) else \
@@ -98,8 +98,8 @@ def bench(ctx: click.Context, models: tuple[str, ...], widths: tuple[int, ...], 
       worker bench --model efficientnet-lite0 --images 300
       worker bench --model efficientnet-lite0 --width 640 --check
     """
-    from worker.bench import run_bench
-    from worker.bench.results import as_dicts, verdicts
+    from worker.measure.bench import run_bench
+    from worker.measure.bench.results import as_dicts, verdicts
     from worker.service import DEMO_MODELS
 
     cfg = load_config(ctx)

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import click
 
 from worker.errors import WorkerError
-from worker.names import printable
+from worker.host.names import printable
 
 
 def print_summary(summary: Any) -> None:
@@ -63,7 +63,7 @@ def _cell(v: Any, column: str = "") -> str:
 def write_file(path: Path, text: str) -> None:
     """A file a command was asked to write (-o, --json), whole or not at all: whoever reads it never
     finds half of it; a path that cannot be written is one line, not a traceback."""
-    from worker.outbox import write_atomic
+    from worker.outputs.outbox import write_atomic
 
     try:
         write_atomic(path, text.encode())
@@ -93,7 +93,7 @@ def resolution(memory: dict[str, Any], limit: float) -> str:
     """'; its 20 s resolve only slopes above about 180 MB/h' where a run's second half after warm-up was
     too short (or RSS wandered too much) to tell a slope of `limit` from noise, as `worker soak` judges it;
     nothing where it was long enough. A 75-second run's -1390 MB/h is not a trend."""
-    from worker.metrics import resolvable_slope
+    from worker.measure.metrics import resolvable_slope
 
     if math.isnan(memory.get("late_slope_mb_per_h", math.nan)):
         return ""

@@ -15,8 +15,8 @@ from typing import Callable
 
 from worker.intake.complete import cut_short
 from worker.intake.scan import extension_of, is_candidate, not_an_image_name, walk
-from worker.jobs import Job
-from worker.names import as_text
+from worker.intake.jobs import Job
+from worker.host.names import as_text
 
 log = logging.getLogger("worker.intake.watch")
 

@@ -16,7 +16,7 @@ from watchdog.observers.api import BaseObserver
 from watchdog.observers.polling import PollingObserver
 
 from worker.intake.scan import walk
-from worker.mounts import network_filesystem
+from worker.host.mounts import network_filesystem
 from worker.intake.intake import Intake
 
 log = logging.getLogger("worker.intake.watch")

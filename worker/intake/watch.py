@@ -20,7 +20,7 @@ from typing import Iterator
 from watchdog.observers.api import BaseObserver
 
 from worker.errors import WorkerError
-from worker.locks import flocked
+from worker.host.locks import flocked
 from worker.intake.intake import Intake
 from worker.intake.observer import inotify_limit, observer_kind, start_observer, unwatched_folders, watched_path
 

@@ -17,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 from worker.errors import ModelError
-from worker.locks import flocked
+from worker.host.locks import flocked
 from worker.models.card import SourceFile
 
 

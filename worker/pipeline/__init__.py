@@ -26,14 +26,14 @@ from typing import Any, Callable
 from sqlalchemy import Engine as DbEngine
 
 from worker.pipeline.archive import InputArchive
-from worker.engine import Engine
-from worker.gpu import GpuMemory
+from worker.runtime.engine import Engine
+from worker.runtime.gpu import GpuMemory
 from worker.images import decode
-from worker.jobs import Job, JobStatus
-from worker.metrics import MemorySampler
+from worker.intake.jobs import Job, JobStatus
+from worker.measure.metrics import MemorySampler
 from worker.models.card import ModelCard, accepted_digests
-from worker.names import as_text, on_disk
-from worker.outbox import Outbox
+from worker.host.names import as_text, on_disk
+from worker.outputs.outbox import Outbox
 from worker.pipeline.pause import FullOutboxPause
 from worker.store.ledger import Ledger
 from worker.store.recorder import Recorder

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Literal
 
 from worker.errors import WorkerError
-from worker.jobs import Job, JobStatus
-from worker.outbox import move_verified
+from worker.intake.jobs import Job, JobStatus
+from worker.outputs.outbox import move_verified
 
 log = logging.getLogger(__name__)
 

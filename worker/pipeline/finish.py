@@ -9,8 +9,8 @@ from typing import Any
 
 
 from worker.errors import OutboxFull, WorkerError
-from worker.jobs import Job, JobStatus
-from worker.results import labels_of, top_score
+from worker.intake.jobs import Job, JobStatus
+from worker.tasks.results import labels_of, top_score
 from worker.store.events import Commit, Finished
 from worker.pipeline.items import Item, STOP, WAKE
 from worker.pipeline.state import StageState

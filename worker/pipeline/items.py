@@ -13,10 +13,10 @@ from typing import Any, BinaryIO, Literal
 import numpy as np
 
 from worker.errors import OutboxFull
-from worker.jobs import Job
-from worker.metrics import LatencyWindow, percentiles
-from worker.model_output import ModelOutput
-from worker.results import Result
+from worker.intake.jobs import Job
+from worker.measure.metrics import LatencyWindow, percentiles
+from worker.runtime.model_output import ModelOutput
+from worker.tasks.results import Result
 from worker.store.events import Commit
 from worker.tasks.preprocess import Geometry
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from worker.errors import ImageError, OutboxFull
 from worker.images import later_pages
-from worker.jobs import JobStatus
-from worker.results import labels_of, top_score
+from worker.intake.jobs import JobStatus
+from worker.tasks.results import labels_of, top_score
 from worker.store.events import Finished
 from worker.pipeline.finish import JSON_TIMINGS
 from worker.pipeline.items import Item, PageSet

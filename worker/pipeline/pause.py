@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from worker.errors import OutboxFull
-from worker.jobs import Job
+from worker.intake.jobs import Job
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from worker.errors import ImageError, ImageTooLarge, InputGone
 from worker.images import decode, decode_reduced, file_pages, frames, reopenable, tiff_pages
-from worker.jobs import Job, JobStatus
+from worker.intake.jobs import Job, JobStatus
 from worker.store.ledger import Known, stamp_of
 from worker.store.events import Claimed, Commit, Restamped
 from worker.pipeline.items import Item, PageSet, STOP, WAKE

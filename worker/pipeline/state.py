@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from worker.pipeline.archive import InputArchive
-    from worker.engine import Engine
-    from worker.jobs import Job, JobStatus
+    from worker.runtime.engine import Engine
+    from worker.intake.jobs import Job, JobStatus
     from worker.models.card import ModelCard
-    from worker.outbox import Outbox
+    from worker.outputs.outbox import Outbox
     from worker.pipeline.pause import FullOutboxPause
     from worker.pipeline.items import Counts, Item, PageSet, Settings
     from worker.store.ledger import Ledger

@@ -9,7 +9,7 @@ import logging
 import cv2
 import numpy as np
 
-from worker.engine import Engine
+from worker.runtime.engine import Engine
 from worker.images import decode
 from worker.tasks import TaskAdapter
 

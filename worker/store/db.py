@@ -20,8 +20,8 @@ from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from worker.config import shipped
 from worker.errors import StoreError
-from worker.locks import flocked
-from worker.mounts import network_filesystem
+from worker.host.locks import flocked
+from worker.host.mounts import network_filesystem
 
 log = logging.getLogger(__name__)
 

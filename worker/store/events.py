@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Union
 
 
-from worker.jobs import JobStatus
+from worker.intake.jobs import JobStatus
 from worker.store.schema import utcnow
 
 

@@ -20,8 +20,8 @@ from datetime import datetime
 from enum import Enum
 from typing import Any, Sequence
 
-from worker.durations import span_text
-from worker.processes import process_exists
+from worker.host.durations import span_text
+from worker.host.processes import process_exists
 
 STALL_S = 300.0  # images in flight and none finished for this long: stalled
 SILENT_MIN_S = 60.0  # no sample for max(this, 6 sample periods): the heartbeat has stopped

@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Engine, bindparam, select
 
-from worker.processes import earlier_life
+from worker.host.processes import earlier_life
 from worker.store.db import database_wide
 from worker.store.schema import ImageRow, Run
 

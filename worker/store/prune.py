@@ -17,7 +17,7 @@ from datetime import datetime
 
 from sqlalchemy import Engine, and_, delete, exists, func, not_, select, text
 
-from worker.jobs import JobStatus
+from worker.intake.jobs import JobStatus
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
 
 BATCH = 2000  # images per transaction

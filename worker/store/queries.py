@@ -13,8 +13,8 @@ from typing import Any
 from sqlalchemy import Engine, and_, exists, func, or_, select
 
 from worker.errors import StoreError
-from worker.jobs import JobStatus
-from worker.metrics import percentiles, slope_per_hour, slope_se_per_hour
+from worker.intake.jobs import JobStatus
+from worker.measure.metrics import percentiles, slope_per_hour, slope_se_per_hour
 from worker.store.health import STALL_S, Beat, Health, assess, sample_period_s
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
@@ -352,7 +352,7 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sam
                       slope_mb_per_h=round(slope_per_hour([t for t, _ in steady], [m for _, m in steady]), 3),
                       steady_samples=len(steady),
                       late_slope_mb_per_h=round(slope_per_hour(late_t, late_mb), 3),
-                      # how far that slope can be trusted: judged against it (worker.soak.judge_memory)
+                      # how far that slope can be trusted: judged against it (worker.measure.soak.judge_memory)
                       late_slope_se_mb_per_h=round(slope_se_per_hour(late_t, late_mb), 3),
                       late_samples=len(late), late_span_s=round(late[-1][0] - late[0][0], 1) if late else 0.0)
         if steady:  # the first and last sample after the warm-up: what a soak compares

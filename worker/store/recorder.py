@@ -24,7 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from worker import __version__
-from worker.durations import span_text
+from worker.host.durations import span_text
 from worker.store.db import database_wide
 from worker.store.events import Claimed, Commit, Event, Finished, Restamped, RunInfo, Sample, describe
 from worker.store.wal import WalCheckpointer, reason

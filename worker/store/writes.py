@@ -9,7 +9,7 @@ from typing import Any, cast
 from sqlalchemy import (BindParameter, Connection, Engine, Integer, Table, and_, bindparam, case, delete, insert, or_,
                         select, update)
 
-from worker.jobs import JobStatus
+from worker.intake.jobs import JobStatus
 from worker.store.events import Claimed, Event, Finished, Restamped, Sample
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 

@@ -7,9 +7,9 @@ from typing import Protocol, Sequence
 import numpy as np
 
 from worker.errors import ModelError
-from worker.model_output import ModelOutput
+from worker.runtime.model_output import ModelOutput
 from worker.models.card import ModelCard
-from worker.results import Result
+from worker.tasks.results import Result
 from worker.tasks.preprocess import Geometry
 
 # a model's other outputs, as onnxruntime declares them: (name, shape with symbolic dimensions as text)

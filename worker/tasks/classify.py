@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.model_output import ModelOutput, one_array
-from worker.results import Classification
+from worker.runtime.model_output import ModelOutput, one_array
+from worker.tasks.results import Classification
 from worker.tasks import OtherOutputs, activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 

@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 
 from worker.errors import ModelError
-from worker.model_output import ModelOutput, one_array
-from worker.results import ClassMask, Mask
+from worker.runtime.model_output import ModelOutput, one_array
+from worker.tasks.results import ClassMask, Mask
 from worker.tasks import OtherOutputs, activate, check_labels
 from worker.tasks.preprocess import CardPreprocessing, Geometry
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.model_output import ModelOutput, Paired
-from worker.results import Detections, rotated_corners
+from worker.runtime.model_output import ModelOutput, Paired
+from worker.tasks.results import Detections, rotated_corners
 from worker.tasks import sigmoid
 from worker.tasks.preprocess import Geometry
 from worker.tasks.detect.checks import DetectorChecks

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from worker.errors import ModelError
-from worker.model_output import ModelOutput, Paired
+from worker.runtime.model_output import ModelOutput, Paired
 from worker.tasks import OtherOutputs, check_labels
 from worker.tasks.preprocess import CardPreprocessing
 from worker.tasks.detect.rows import _anchors_last, _end2end_rows

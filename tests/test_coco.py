@@ -15,7 +15,7 @@ from pycocotools.coco import COCO
 from tests.support.cli import cli_run
 from tests.support.coco import rasterise
 from worker.cli import cli
-from worker.export import edge_polygons, rle_of
+from worker.outputs.coco import edge_polygons, rle_of
 
 # pycocotools' decode predates numpy 2's copy keyword; it works, and says so on every call
 pytestmark = pytest.mark.filterwarnings("ignore:__array__ implementation doesn't accept a copy keyword")

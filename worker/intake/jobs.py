@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
-from worker.names import as_text
+from worker.host.names import as_text
 
 
 class JobStatus(str, enum.Enum):
@@ -32,7 +32,7 @@ class Job:
 
     @cached_property
     def key(self) -> str:
-        """`rel` as the database, JSON documents and logs know it (worker.names: undecodable bytes as \\xNN)."""
+        """`rel` as the database, JSON documents and logs know it (worker.host.names: undecodable bytes as \\xNN)."""
         return as_text(self.rel)
 
     @classmethod

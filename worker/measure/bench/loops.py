@@ -17,7 +17,7 @@ import numpy as np
 import onnxruntime as ort
 
 from worker.config import Config
-from worker.model_output import ModelOutput
+from worker.runtime.model_output import ModelOutput
 from worker.models.card import Preprocess
 from worker.tasks.preprocess import Geometry, resize_for
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from worker.results import Detections, instance_part, rotated_corners
+from worker.tasks.results import Detections, instance_part, rotated_corners
 
 
 def yolo_txt(result: Detections) -> str:

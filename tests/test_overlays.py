@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from worker.draw import overlay
-from worker.results import ClassMask, Mask
+from worker.outputs.overlays import overlay
+from worker.tasks.results import ClassMask, Mask
 from worker.tasks.segment import regions
 
 
@@ -33,7 +33,7 @@ def test_a_class_mask_tints_each_class_but_the_background() -> None:
 def test_a_pose_model_s_seen_points_are_dotted_and_coco_s_skeleton_joins_them() -> None:
     """17 points (COCO's person): a dot at each point seen (visibility 0.5 or more), a limb between two
     seen ones (left shoulder 5 to left elbow 7), none to a point not seen (left wrist 9 at 0.2)."""
-    from worker.results import Detections
+    from worker.tasks.results import Detections
 
     points = np.zeros((1, 17, 3), np.float32)
     points[0, :, :2] = [[10 + 5 * i, 10] for i in range(17)]  # a row of points, 5 px apart, off the limbs' way

@@ -16,8 +16,8 @@ import onnxruntime as ort
 
 from worker.config import EngineConfig
 from worker.errors import ModelError, ProviderError
-from worker.gpu import conflicting_builds, installed_onnxruntime_builds
-from worker.model_output import ModelOutput, Paired
+from worker.runtime.gpu import conflicting_builds, installed_onnxruntime_builds
+from worker.runtime.model_output import ModelOutput, Paired
 from worker.models.card import ModelCard
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ import psutil
 from worker.config import Config, without_password
 from worker.errors import ConfigError
 from worker.intake.scan import walk
-from worker.jobs import Job, JobStatus
-from worker.metrics import RSS_NOISE_MB, percentiles, resolvable_slope, slope_per_hour
-from worker.names import as_text
+from worker.intake.jobs import Job, JobStatus
+from worker.measure.metrics import RSS_NOISE_MB, percentiles, resolvable_slope, slope_per_hour
+from worker.host.names import as_text
 from worker.service import open_pipeline
 from worker.store.db import database, sqlite_file
 from worker.store.queries import run_stats, runs_over

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from worker.config import Config
 from worker.store.db import database
 from worker.store.schema import ImageRow, TimingRow
-from worker.bench.results import CorpusResult
+from worker.measure.bench.results import CorpusResult
 
 
 def first_by_stage(steady: Steady, copies: list[int]) -> str:
@@ -77,7 +77,7 @@ def _steady(cfg: Config, files: list[Path], rate: float, work: Path) -> Steady:
     """`worker watch` itself (observer, intake, pipeline, archive) on a fresh inbox, fed one file every
     1/rate s the way a well-behaved producer delivers: written under a hidden name, then renamed
     into place. Starts feeding once the watcher says it is ready (model warm, observer live)."""
-    from worker.jobs import Job, JobStatus
+    from worker.intake.jobs import Job, JobStatus
     from worker.service import watch
     from worker.store.queries import Filters, query_images
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
-log = logging.getLogger("worker.disks")
+log = logging.getLogger("worker.host.disks")
 
 @dataclass(frozen=True)
 class Filesystem:

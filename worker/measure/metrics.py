@@ -153,7 +153,7 @@ def take_sample(queue_depth: int, images_done: int, gpu_bytes: int | None = None
 class MemorySampler:
     """Calls `sink(sample)` every `period_s` seconds on its own thread until `stop()`; gives malloc's
     free pages back to the OS before each sample (about 1-2 ms; see `release_free_heap`). `gpu`, when
-    given, answers the GPU memory the process holds (see `worker.gpu.GpuMemory`)."""
+    given, answers the GPU memory the process holds (see `worker.runtime.gpu.GpuMemory`)."""
 
     def __init__(self, period_s: float, sink: Callable[[Sample], None], state: Callable[[], tuple[int, int]],
                  gpu: Callable[[], int | None] | None = None) -> None:

@@ -25,14 +25,14 @@ from typing import Any, Iterator
 import cv2
 import numpy as np
 
-from worker.draw import overlay
+from worker.outputs.overlays import overlay
 from worker.errors import OutboxFull, WorkerError
-from worker.maskpng import encode_class_png, encode_mask_png
-from worker.mounts import network_filesystem
-from worker.names import as_text
-from worker.processes import earlier_life
-from worker.results import ClassMask, Detections, Mask, Result
-from worker.yolo_txt import yolo_txt
+from worker.outputs.maskpng import encode_class_png, encode_mask_png
+from worker.host.mounts import network_filesystem
+from worker.host.names import as_text
+from worker.host.processes import earlier_life
+from worker.tasks.results import ClassMask, Detections, Mask, Result
+from worker.outputs.yolo_txt import yolo_txt
 
 TMP_PREFIX = ".tmp-"
 FULL = {errno.ENOSPC, errno.EDQUOT}  # the filesystem, not the file: writes wait for room
@@ -165,7 +165,7 @@ class Outbox:
     def write(self, rel: str, result: Result, document: dict[str, Any], image: np.ndarray | None = None,
               frames: int = 1) -> tuple[str | None, PageOutputs]:
         """Write one image's outputs; returns the JSON's path and the other outputs' (PageOutputs), relative
-        to the outbox, as text (worker.names: a name that is not UTF-8 is written under its real bytes,
+        to the outbox, as text (worker.host.names: a name that is not UTF-8 is written under its real bytes,
         returned escaped). The JSON names the mask and the overlay it goes with.
 
         `image` (uint8 BGR) is needed only for overlays; `frames`: the file's pages, of which only the

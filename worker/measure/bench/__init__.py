@@ -33,20 +33,20 @@ import numpy as np
 import onnxruntime as ort
 
 from worker.config import Config
-from worker.engine import Engine, wanted_providers
+from worker.runtime.engine import Engine, wanted_providers
 from worker.images import decode, widen
-from worker.model_output import ModelOutput
+from worker.runtime.model_output import ModelOutput
 from worker.models.card import find_card
 from worker.models.pull import pull, with_labels
-from worker.samples import fetch_samples
+from worker.measure.samples import fetch_samples
 from worker.store.db import database
 from worker.store.queries import run_stats
 from worker.tasks import adapter_for
 from worker.tasks.preprocess import Geometry
-from worker.bench.corpus import SLOW_CREATE_US, _create_cost, copies_of_first, make_corpus
-from worker.bench.loops import _best_rate, _default_session, _mean_rates, _naive_loop, _per_item, _worker_run, plain_preprocess
-from worker.bench.results import CorpusResult, _Round, median, verdicts
-from worker.bench.steady import _bench_heap_frozen, _copies_note, _steady, first_by_stage
+from worker.measure.bench.corpus import SLOW_CREATE_US, _create_cost, copies_of_first, make_corpus
+from worker.measure.bench.loops import _best_rate, _default_session, _mean_rates, _naive_loop, _per_item, _worker_run, plain_preprocess
+from worker.measure.bench.results import CorpusResult, _Round, median, verdicts
+from worker.measure.bench.steady import _bench_heap_frozen, _copies_note, _steady, first_by_stage
 
 
 def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, work: Path,

@@ -1,6 +1,6 @@
 """Per-image results: frozen dataclasses of numpy arrays, shapes checked on construction.
 
-They never draw or write themselves; `worker.outbox` writes them and `summary()` is plain data.
+They never draw or write themselves; `worker.outputs.outbox` writes them and `summary()` is plain data.
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ import cv2
 import numpy as np
 from sqlalchemy import Engine
 
-from worker.names import on_disk
-from worker.results import instance_part, region_dicts
+from worker.host.names import on_disk
+from worker.tasks.results import instance_part, region_dicts
 from worker.store.queries import Filters, query_images
 from worker.tasks.segment import regions
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import cv2
 import numpy as np
 
-from worker.results import ClassMask, Classification, Detections, Mask, Result, rotated_corners
+from worker.tasks.results import ClassMask, Classification, Detections, Mask, Result, rotated_corners
 
 _COLORS = np.array([(56, 56, 255), (151, 157, 255), (31, 112, 255), (29, 178, 255), (49, 210, 207),
                     (10, 249, 72), (23, 204, 146), (134, 219, 61), (52, 147, 26), (187, 212, 0)], np.uint8)
