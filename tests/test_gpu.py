@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 
 from worker.cli import cli
 from worker.runtime.gpu import GpuMemory, conflicting_builds, installed_onnxruntime_builds, nvml_index
-from worker.measure.metrics import MemorySampler
+from worker.host.memory import MemorySampler
 from worker.store.db import open_db
 from worker.store.queries import run_stats
 from worker.store.schema import MemorySample, Run

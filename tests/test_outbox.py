@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from worker.errors import WorkerError
-import worker.outputs.outbox as outbox_mod
-from worker.outputs.outbox import (NAME_MAX, TMP_PREFIX, Outbox, fit_name, inside, move_verified, output_rel,
-                           remove_temporaries, write_atomic)
+import worker.outputs.files as files_mod
+from worker.outputs.outbox import Outbox, output_rel
+from worker.outputs.files import NAME_MAX, TMP_PREFIX, fit_name, inside, move_verified, remove_temporaries, write_atomic
 from worker.tasks.results import Classification, Mask
 
 
@@ -198,7 +198,7 @@ def test_only_a_crashs_temporaries_are_removed_never_a_live_workers(tmp_path: Pa
         assert gone == {f"{TMP_PREFIX}{tag}.json.{writers[tag]}.{writers[tag] + 1}" for tag in ("dead", "mine")}
         _temporaries(on_a_share, writers)  # another host's workers may write there: their pids say nothing here
         assert remove_temporaries(on_a_share) == 0
-        monkeypatch.setattr(outbox_mod, "STALE_TEMP_S", 0.0)  # untouched this long: a crash's, whoever wrote it
+        monkeypatch.setattr(files_mod, "STALE_TEMP_S", 0.0)  # untouched this long: a crash's, whoever wrote it
         assert remove_temporaries(on_a_share) == 4 and remove_temporaries(tmp_path / "out") == 2
         assert not list(tmp_path.rglob(f"{TMP_PREFIX}*"))
     finally:

@@ -131,7 +131,7 @@ def test_release_free_heap_gives_trapped_free_pages_back() -> None:
     """Free buffers between live ones cannot be trimmed by free(); RSS drops only when they are released."""
     import psutil
 
-    from worker.measure.metrics import _LIBC, release_free_heap
+    from worker.host.memory import _LIBC, release_free_heap
 
     if _LIBC is None:
         pytest.skip("glibc only: elsewhere release_free_heap does nothing")

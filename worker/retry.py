@@ -22,7 +22,7 @@ from sqlalchemy import Engine, select, update
 from worker.errors import WorkerError
 from worker.intake.jobs import JobStatus
 from worker.host.names import on_disk
-from worker.outputs.outbox import inside, move_verified
+from worker.outputs.files import inside, move_verified
 from worker.store.queries import Filters, query_images
 from worker.store.schema import ImageRow, Run
 

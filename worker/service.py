@@ -23,13 +23,14 @@ from worker.intake.scan import extension_of, walk
 from worker.intake.intake import Intake
 from worker.intake.watch import WatchedInbox, inbox_lock, outbox_lock
 from worker.intake.jobs import Job, JobStatus
-from worker.measure.metrics import stabilize_allocator
+from worker.host.memory import stabilize_allocator
 from worker.models.card import ModelCard, find_card, settings_digest
 from worker.models.exported import check_exported, exported_keypoint_names, exported_labels
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.host.names import as_text
-from worker.outputs.outbox import Outbox, output_rel, remove_temporaries
+from worker.outputs.outbox import Outbox, output_rel
+from worker.outputs.files import remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.status import StatusLog
 from worker.store.db import database, sqlite_file

@@ -63,7 +63,7 @@ def _cell(v: Any, column: str = "") -> str:
 def write_file(path: Path, text: str) -> None:
     """A file a command was asked to write (-o, --json), whole or not at all: whoever reads it never
     finds half of it; a path that cannot be written is one line, not a traceback."""
-    from worker.outputs.outbox import write_atomic
+    from worker.outputs.files import write_atomic
 
     try:
         write_atomic(path, text.encode())

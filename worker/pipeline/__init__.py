@@ -30,7 +30,7 @@ from worker.runtime.engine import Engine
 from worker.runtime.gpu import GpuMemory
 from worker.images import decode
 from worker.intake.jobs import Job, JobStatus
-from worker.measure.metrics import MemorySampler
+from worker.host.memory import MemorySampler
 from worker.models.card import ModelCard, accepted_digests
 from worker.host.names import as_text, on_disk
 from worker.outputs.outbox import Outbox

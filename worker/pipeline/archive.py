@@ -15,7 +15,7 @@ from typing import Literal
 
 from worker.errors import WorkerError
 from worker.intake.jobs import Job, JobStatus
-from worker.outputs.outbox import move_verified
+from worker.outputs.files import move_verified
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,170 @@
+"""Files written and moved so that no reader ever sees half of one: the atomic write (a temporary name,
+fsync, rename), the one mover of input files (verified across filesystems), names that fit, and what a
+crash left behind."""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import posixpath
+import re
+import shutil
+import stat
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+
+from worker.errors import WorkerError
+from worker.host.mounts import network_filesystem
+from worker.host.processes import earlier_life
+
+
+TMP_PREFIX = ".tmp-"
+
+
+FULL = {errno.ENOSPC, errno.EDQUOT}  # the filesystem, not the file: writes wait for room
+
+
+def inside(root: Path, rel: str) -> Path:
+    """root/rel, refusing anything that would land outside root ('..', absolute paths).
+
+    A lexical check (no filesystem calls; it runs for every output file): the outbox is ours, so a
+    symbolic link inside it is the administrator's choice, not an input's."""
+    norm = posixpath.normpath(rel)
+    if posixpath.isabs(norm) or norm == ".." or norm.startswith("../") or norm == ".":
+        raise WorkerError(f"refusing path outside {root}: {rel!r}")
+    return root / norm
+
+
+NAME_MAX = 255  # bytes in one file name: ext4, XFS, Btrfs, tmpfs, ZFS and APFS alike
+
+
+def fit_name(name: str, room: int = 0) -> str:
+    """`name` (one path component) as it is when its bytes and `room` more fit in one file name;
+    otherwise cut short: its start (never inside a character), "~", 10 hex digits of the whole name's
+    sha256 (two long names that share a start stay apart) and its extension, `room` bytes under the limit.
+
+    The outputs add up to 12 bytes to an input's name (".overlay.jpg"): an input name over 243 bytes,
+    about 80 characters of Chinese or Japanese, would otherwise fail them with "File name too long"."""
+    raw = os.fsencode(name)
+    if len(raw) + room <= NAME_MAX:
+        return name
+    ext = os.fsencode(os.path.splitext(name)[1])
+    ext = ext if len(ext) <= 16 else b""
+    tag = b"~" + hashlib.sha256(raw).hexdigest()[:10].encode()
+    keep = NAME_MAX - room - len(tag) - len(ext)
+    while keep > 0 and 0x80 <= raw[keep] < 0xC0:  # a UTF-8 continuation byte: back to its character's start
+        keep -= 1
+    return os.fsdecode(raw[:keep] + tag + ext)
+
+
+# a temporary's name ends with its writer's pid and thread: remove_temporaries tells a crash's from a
+# live worker's by it; a temporary that nothing has changed for this long is a crash's whatever its name
+STALE_TEMP_S = 3600.0
+
+
+_OWNER = re.compile(r"\.(\d+)\.\d+$")
+
+
+def _owner_suffix() -> str:
+    return f".{os.getpid()}.{threading.get_native_id()}"
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary name beside `path`, then rename it over `path`.
+
+    The file gets the usual permissions (0666 less the umask), as any program's output would: mkstemp
+    would make it 0600, unreadable to the people and services that collect results. The temporary
+    name is unique per process and thread, so the only file it can meet is one left by a crash (then
+    truncated; `remove_temporaries` clears those at start)."""
+    unique = _owner_suffix()
+    tmp = path.parent / f"{TMP_PREFIX}{fit_name(path.name, len(TMP_PREFIX) + len(unique))}{unique}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(tmp, flags, 0o666)
+    except FileNotFoundError:  # first file in this folder (a mkdir per file would cost a syscall each time)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def remove_temporaries(root: Path) -> int:
+    """Delete the temporary files a crash left behind under root (never complete outputs).
+
+    Another worker may be writing into the same folder (two `worker run`s of one folder share an
+    outbox): its temporaries are its own, in flight. A temporary is left over when the process its
+    name gives (see _owner_suffix) is gone from this host, or when nothing has changed it for
+    STALE_TEMP_S. On a network share, which other hosts' workers write, only the latter."""
+    n = 0
+    if not root.exists():
+        return n
+    shared = network_filesystem(root)
+    for p in root.rglob(TMP_PREFIX + "*"):
+        owner = _OWNER.search(p.name)
+        try:
+            stale = time.time() - p.lstat().st_ctime >= STALE_TEMP_S
+        except FileNotFoundError:  # its writer renamed it meanwhile
+            continue
+        if stale or (not shared and owner is not None and earlier_life(int(owner[1]))):
+            p.unlink(missing_ok=True)
+            n += 1
+    return n
+
+
+def move_verified(src: Path, dst: Path) -> Path:
+    """Move src to dst (renaming dst with a content suffix if taken by other content).
+
+    Same filesystem: one rename. Across filesystems: copy to a temporary name, verify size and
+    sha256, rename, then delete the source, so a crash never leaves the file in neither place.
+    """
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    st = os.lstat(src)
+    if not stat.S_ISREG(st.st_mode):  # a named pipe with an image's name: never opened (it would block)
+        if dst.exists():
+            dst = dst.with_name(fit_name(f"{dst.name}.{st.st_ino}{dst.suffix}"))
+        try:
+            os.replace(src, dst)
+        except OSError as e:
+            raise WorkerError(f"{src}: not a regular file, and it cannot be renamed to {dst}: {e.strerror}") from None
+        return dst
+    if dst.exists():
+        digest = _sha256(src)[:12]
+        if _sha256(dst)[:12] != digest:
+            dst = dst.with_name(fit_name(f"{dst.name}.{digest}{dst.suffix}"))
+    try:
+        os.replace(src, dst)
+        return dst
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+    if not os.access(src.parent, os.W_OK):  # a read-only share: the copy would be made, the source never removed
+        raise PermissionError(errno.EACCES, f"{src.parent} is not writable: the file cannot be moved out of it")
+    fd, tmp = tempfile.mkstemp(dir=dst.parent, prefix=f"{TMP_PREFIX}copy-", suffix=_owner_suffix())
+    os.close(fd)
+    try:
+        shutil.copy2(src, tmp)
+        if os.path.getsize(tmp) != os.path.getsize(src) or _sha256(Path(tmp)) != _sha256(src):
+            raise WorkerError(f"{src}: copy to {dst} did not verify; source kept")
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    src.unlink()
+    return dst
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
