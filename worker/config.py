@@ -64,7 +64,7 @@ class WatchConfig:
     create_inbox: bool = False  # make the inbox when it does not exist (else refused: a mistyped path)
 
 
-Disposition = Literal["move", "keep", "delete"]
+InputAction = Literal["move", "keep", "delete"]
 Pages = Literal["first", "all"]  # of a multi-page file: its first page, or every page
 
 
@@ -72,8 +72,8 @@ Pages = Literal["first", "all"]  # of a multi-page file: its first page, or ever
 class InputsConfig:
     """What becomes of an input once its outcome is recorded, for `watch` and for `run`."""
 
-    watch: Disposition = "move"  # move: to <archive>/done|failed/<rel>; delete: done ones deleted, failed moved
-    run: Disposition = "keep"  # keep: left where it is; move and delete as for watch
+    watch: InputAction = "move"  # move: to <archive>/done|failed/<rel>; delete: done ones deleted, failed moved
+    run: InputAction = "keep"  # keep: left where it is; move and delete as for watch
 
 
 @dataclass(frozen=True)

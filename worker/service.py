@@ -15,7 +15,7 @@ from typing import Any, Callable, Iterator
 
 import sqlalchemy
 
-from worker.config import Config, Disposition
+from worker.config import Config, InputAction
 from worker.host.disks import DiskAlarm, LowDisk, filesystems
 from worker.runtime.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_batch, default_threads
 from worker.errors import ConfigError
@@ -56,23 +56,23 @@ class Summary:
     inputs: str = ""  # what became of the inputs, when the pipeline moved or deleted them
 
 
-def _archive(cfg: Config, inputs: Disposition | None) -> Path | None:
+def _archive(cfg: Config, inputs: InputAction | None) -> Path | None:
     """Where processed inputs go: the archive when they are moved (or, failed, kept there), else nowhere."""
     return cfg.archive if inputs in ("move", "delete") else None
 
 
-def low_disk(cfg: Config, inputs: Disposition | None) -> str | None:
+def low_disk(cfg: Config, inputs: InputAction | None) -> str | None:
     """What is low on room now among the filesystems the worker fills, as the status line says it."""
     return _disks(cfg, inputs).check()
 
 
-def _disks(cfg: Config, inputs: Disposition | None) -> LowDisk:
+def _disks(cfg: Config, inputs: InputAction | None) -> LowDisk:
     """The filesystems the worker fills (outbox, archive, a SQLite database), watched for room."""
     return LowDisk(filesystems(_written(cfg, inputs)), time.monotonic, round(cfg.metrics.low_disk_gb * 2**30),
                    cfg.metrics.low_disk_percent / 100)
 
 
-def _written(cfg: Config, inputs: Disposition | None) -> list[tuple[str, Path]]:
+def _written(cfg: Config, inputs: InputAction | None) -> list[tuple[str, Path]]:
     """The folders the worker fills, by name: the outbox, the archive and a SQLite database's folder."""
     archive, db = _archive(cfg, inputs), sqlite_file(cfg.db)
     return [("outbox", cfg.outbox), *([("archive", archive)] if archive else []),
@@ -149,7 +149,7 @@ def ready_model(cfg: Config, card: ModelCard) -> ReadyModel:
 
 
 @contextmanager
-def open_pipeline(cfg: Config, mode: str, root: Path, inputs: Disposition | None = None,
+def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None = None,
                   on_finished: Callable[[Job, JobStatus], None] | None = None,
                   replay: bool = False) -> Iterator[Pipeline]:
     """Card, database, model (pulled, loaded, warmed up), recorder, outbox and pipeline, closed in order.

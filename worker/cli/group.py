@@ -13,7 +13,7 @@ from typing import Any, Callable
 import click
 
 from worker import config as config_mod
-from worker.config import Config, Disposition, Pages
+from worker.config import Config, InputAction, Pages
 from worker.errors import WorkerError
 from worker.host.names import printable
 
@@ -21,11 +21,11 @@ from worker.host.names import printable
 log = logging.getLogger("worker")
 
 
-def load_config(ctx: click.Context, inputs: Disposition | None = None, pages: Pages | None = None,
+def load_config(ctx: click.Context, inputs: InputAction | None = None, pages: Pages | None = None,
           **overrides: Any) -> Config:
     cfg = config_mod.load(ctx.obj["config_path"]).with_overrides(**overrides)
     if inputs is not None:  # --inputs: for the command it is given to (watch or run)
-        field: dict[str, Disposition] = {str(ctx.command.name): inputs}
+        field: dict[str, InputAction] = {str(ctx.command.name): inputs}
         cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, **field))
     if pages is not None:  # --pages
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, pages=pages))

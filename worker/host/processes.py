@@ -16,7 +16,7 @@ def process_exists(pid: int) -> bool:
     return True
 
 
-def earlier_life(pid: int) -> bool:
+def is_gone(pid: int) -> bool:
     """Whether a process that wrote `pid` on this host is gone: no such process, or this one (a container
     restarts its worker under the same pid, so that pid names the life before this one)."""
     return pid == os.getpid() or not process_exists(pid)

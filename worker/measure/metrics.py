@@ -14,18 +14,18 @@ class LatencyWindow:
     A growing list would itself be a leak in a days-long watch or soak run."""
 
     def __init__(self, head: int = 1000, tail: int = 10_000) -> None:
-        self._head = np.empty(head, dtype=np.float64)
+        self._document_head = np.empty(head, dtype=np.float64)
         self._tail = np.empty(tail, dtype=np.float64)
         self.count = 0
 
     def add(self, value: float) -> None:
-        if self.count < self._head.size:
-            self._head[self.count] = value
+        if self.count < self._document_head.size:
+            self._document_head[self.count] = value
         self._tail[self.count % self._tail.size] = value
         self.count += 1
 
     def first(self) -> np.ndarray:
-        return self._head[: min(self.count, self._head.size)].copy()
+        return self._document_head[: min(self.count, self._document_head.size)].copy()
 
     def last(self) -> np.ndarray:
         """The most recent values (up to `tail` of them), oldest first."""

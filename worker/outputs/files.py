@@ -19,7 +19,7 @@ from pathlib import Path
 
 from worker.errors import WorkerError
 from worker.host.mounts import network_filesystem
-from worker.host.processes import earlier_life
+from worker.host.processes import is_gone
 
 
 TMP_PREFIX = ".tmp-"
@@ -114,7 +114,7 @@ def remove_temporaries(root: Path) -> int:
             stale = time.time() - p.lstat().st_ctime >= STALE_TEMP_S
         except FileNotFoundError:  # its writer renamed it meanwhile
             continue
-        if stale or (not shared and owner is not None and earlier_life(int(owner[1]))):
+        if stale or (not shared and owner is not None and is_gone(int(owner[1]))):
             p.unlink(missing_ok=True)
             n += 1
     return n

@@ -35,7 +35,7 @@ from worker.models.card import ModelCard, accepted_digests
 from worker.host.names import as_text, on_disk
 from worker.outputs.outbox import Outbox
 from worker.pipeline.pause import FullOutboxPause
-from worker.store.ledger import Ledger
+from worker.store.ledger import Ledger, WhatDone
 from worker.store.recorder import Recorder
 from worker.tasks import TaskAdapter
 from worker.tasks.preprocess import needed_size
@@ -70,12 +70,10 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
         self._prepared: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._inferred: queue.Queue[Any] = queue.Queue(min(settings.queue_size, in_flight))
         self._to_archive: queue.Queue[Any] = queue.Queue(settings.queue_size)
-        self._ledger = Ledger(db, card.name, recorder.root)
-        self._outbox_recorded = as_text(str(outbox.root))  # as runs' configs record it
-        # a run recorded under one of these: the same settings
-        self._card_digests = accepted_digests(card, settings.all_pages)
-        # the same for a file of one page, whose result does not depend on pipeline.pages
-        self._one_page_digests = accepted_digests(card, False) | accepted_digests(card, True)
+        # what counts as done (the one-page digests: a file of one page, whatever pipeline.pages says)
+        done = WhatDone(recorder.model_sha256, accepted_digests(card, settings.all_pages),
+                        accepted_digests(card, False) | accepted_digests(card, True), as_text(str(outbox.root)))
+        self._ledger = Ledger(db, card.name, recorder.root, done)
         # moves, deletes or keeps each input once its outcome is committed (None: run leaves inputs alone)
         self._inputs = InputArchive(settings.inputs, settings.archive) if settings.inputs is not None else None
         self._pending = 0

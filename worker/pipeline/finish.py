@@ -27,7 +27,7 @@ class FinishStage(StageState):
 
     def _finish_loop(self) -> None:
         while (item := self._inferred.get()) is not STOP:
-            if item.book is not None and (item := self._bind(item)) is None:
+            if item.book is not None and (item := self._gather_page(item)) is None:
                 continue  # a page of a file whose other pages are still on their way
             if item.taken:  # nothing recorded, nothing archived: the other worker does both
                 self.counts.taken += 1
@@ -89,14 +89,14 @@ class FinishStage(StageState):
             self.counts.failed += 1
         return status, event.committed
 
-    def _head(self, item: Item, status: JobStatus) -> dict[str, Any]:
+    def _document_head(self, item: Item, status: JobStatus) -> dict[str, Any]:
         """The keys every outbox JSON starts with, result or error file (docs/outputs.md)."""
         return {"input": item.job.key, "sha256": item.sha256 or None, "model": self.card.name,
                 "task": self.card.task, "status": status.value}
 
     def _write_error(self, item: Item) -> None:
         """The outbox's word on a failed image, for whoever collects results from it (not the database's)."""
-        document = {**self._head(item, JobStatus.FAILED), "error": item.error}
+        document = {**self._document_head(item, JobStatus.FAILED), "error": item.error}
         try:
             self.outbox.write_error(item.job.rel, document, item.pages)
         except (OSError, WorkerError) as e:  # a full or read-only outbox: the failure is on record all the same
@@ -109,7 +109,7 @@ class FinishStage(StageState):
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
         item.timings["postprocess_ms"] = (t1 - t0) * 1000
         image = {"width": w, "height": h, **({"pages": item.pages} if item.pages > 1 else {})}
-        document = {**self._head(item, JobStatus.DONE), "image": image, **result.summary(),
+        document = {**self._document_head(item, JobStatus.DONE), "image": image, **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in JSON_TIMINGS}}
         json_path, outputs = self.outbox.write(job.rel, result, document, item.image, item.pages)

@@ -61,7 +61,7 @@ class PagesStage(StageState):
                 book.source.close()
             book.data, book.rest, book.source = None, None, None
 
-    def _bind(self, item: Item) -> Item | None:
+    def _gather_page(self, item: Item) -> Item | None:
         """Take one page of a multi-page file: postprocess it and write its outputs (the first page's wait
         for the file's JSON). Returns the file's first item once every expected page has come, else None."""
         book = item.book
@@ -129,7 +129,7 @@ class PagesStage(StageState):
         for k, v in book.timings.items():
             item.timings[k] = item.timings.get(k, 0.0) + v
         h, w = item.geometry.orig_hw
-        document = {**self._head(item, JobStatus.DONE), "image": {"width": w, "height": h, "pages": book.pages},
+        document = {**self._document_head(item, JobStatus.DONE), "image": {"width": w, "height": h, "pages": book.pages},
                     "pages": [book.entries[k] for k in sorted(book.entries)],
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in JSON_TIMINGS}}
         json_path = self.outbox.write_document(job.rel, document, book.pages)

@@ -16,8 +16,8 @@ import numpy as np
 from worker.errors import ImageError, ImageTooLarge, InputGone
 from worker.images import decode, decode_reduced, file_pages, frames, reopenable, tiff_pages
 from worker.intake.jobs import Job, JobStatus
-from worker.store.ledger import Known, stamp_of
-from worker.store.events import Claimed, Commit, Restamped
+from worker.store.ledger import Decision, stamp_of
+from worker.store.events import Claimed, Commit, StampRenewed
 from worker.pipeline.items import Item, PageSet, STOP, WAKE
 from worker.pipeline.state import StageState
 
@@ -124,7 +124,7 @@ class PrepareStage(StageState):
                                                  f"limit takes ({self._bytes_per_pixel} bytes x pipeline.max_pixels)")
                 item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
                 stamp = stamp_of(st)
-                if stamp is not None and not self.settings.replay and self._done_as_read(job.key, st.st_size, stamp):
+                if stamp is not None and not self.settings.replay and self._ledger.done_as_read(job.key, st.st_size, stamp):
                     item.skipped = item.unread = True
                     return False
                 if pages > 1:
@@ -142,20 +142,14 @@ class PrepareStage(StageState):
             raise InputGone(job.key, f"cannot read file: {e.strerror or e}") from None
         if item.data is not None:
             item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
-        known = None if self.settings.replay else self._ledger.check(job.key, item.sha256)
-        redo = self.settings.replay
-        if known is not None and known.status == JobStatus.DONE.value and not self._same_outbox(known):
-            item.earlier_outbox = self._outbox_of(known)  # its outputs are there: done again, into this outbox
-            known, redo = None, True
-        if known is not None and known.status == JobStatus.DONE.value:
-            # done under the other pipeline.pages setting: the same result for a file of one page
-            if self._same_model(known) or (self._same_model(known, self._one_page_digests) and item.source is None
-                                           and frames(item.data or b"") == 1):
-                item.skipped, item.data = True, None
-                if stamp is not None:  # read under a new stamp (touched, or done before stamps): note it
-                    self.recorder.put(Restamped(job.key, item.sha256, stamp))
-                return False
-            known, redo = None, True  # done with another model file (retrained) or card settings: processed again
+        decision = Decision(skip=False, redo=True) if self.settings.replay else \
+            self._ledger.decide(job.key, item.sha256, lambda: item.source is None and frames(item.data or b"") == 1)
+        if decision.skip:
+            item.skipped, item.data = True, None
+            if stamp is not None:  # read under a new stamp (touched, or done before stamps): note it
+                self.recorder.put(StampRenewed(job.key, item.sha256, stamp))
+            return False
+        item.earlier_outbox, known, redo = decision.earlier_outbox, decision.known, decision.redo
         if known is not None and known.attempts >= self.settings.max_attempts:
             raise ImageError(job.key, f"quarantined after {known.attempts} attempts"
                                       f" (last error: {known.error or 'worker stopped while processing it'})")
@@ -163,28 +157,6 @@ class PrepareStage(StageState):
         self.recorder.put(Claimed(job.key, item.sha256, item.size, item.committed, stamp=stamp,
                                   take_over=job.take_over, redo=redo))
         return True
-
-    def _done_as_read(self, rel: str, size: int, stamp: str) -> bool:
-        """Whether this file, unchanged since the read whose content was processed, is done with this
-        model's file: then it need not be read (a rerun over a big folder, a restart with inputs kept)."""
-        known = self._ledger.check_stamp(rel, size, stamp)
-        return known is not None and known.status == JobStatus.DONE.value and self._same_model(known) \
-            and self._same_outbox(known)
-
-    def _same_outbox(self, known: Known) -> bool:
-        """Whether an image's last processing wrote its outputs into this outbox: done into another one
-        (`run DIR --outbox NEW`), it is done again, so that the outbox asked for gets the outputs."""
-        return self._outbox_of(known) in (None, self._outbox_recorded)
-
-    def _outbox_of(self, known: Known) -> str | None:
-        return None if known.run_id is None else self._ledger.run_outbox(known.run_id)
-
-    def _same_model(self, known: Known, digests: frozenset[str] | None = None) -> bool:
-        """Whether an image's last processing used this ONNX file and these card settings (a run recorded
-        before card digests counts as these settings: an upgrade alone does not process everything again),
-        or settings of `digests`."""
-        return known.model_sha256 == self.recorder.model_sha256 and \
-            (known.card_sha256 is None or known.card_sha256 in (digests or self._card_digests))
 
     def _decode(self, item: Item) -> bool:
         job, data = item.job, item.data

@@ -35,9 +35,6 @@ class StageState:
     _inferred: queue.Queue[Any]  # infer (and failures of prepare) -> finish
     _to_archive: queue.Queue[Any]  # finish -> archive
     _ledger: Ledger
-    _outbox_recorded: str  # the outbox as runs' configs record it
-    _card_digests: frozenset[str]  # a run recorded under one of these: the same card settings
-    _one_page_digests: frozenset[str]  # the same for a file of one page, whatever pipeline.pages says
     _inputs: InputArchive | None
     _pending: int
     _idle: threading.Condition
@@ -58,7 +55,7 @@ class StageState:
     def _send_pages(self, first: Item) -> None:
         raise NotImplementedError
 
-    def _bind(self, item: Item) -> Item | None:
+    def _gather_page(self, item: Item) -> Item | None:
         raise NotImplementedError
 
     def _page_done(self, item: Item, book: PageSet) -> None:
@@ -70,7 +67,7 @@ class StageState:
     def _write_error(self, item: Item) -> None:
         raise NotImplementedError
 
-    def _head(self, item: Item, status: JobStatus) -> dict[str, Any]:
+    def _document_head(self, item: Item, status: JobStatus) -> dict[str, Any]:
         raise NotImplementedError
 
     def _timings(self, item: Item) -> dict[str, float] | None:

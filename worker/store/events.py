@@ -86,7 +86,7 @@ class Finished:
 
 
 @dataclass(frozen=True, eq=False)
-class Restamped:
+class StampRenewed:
     """An image was found done by its content, read under a new stamp (touched, copied back in place,
     or done before stamps were recorded): the stamp is recorded, so the next run need not read it."""
 
@@ -107,7 +107,7 @@ class Sample:
     at: datetime = field(default_factory=utcnow)
 
 
-Event = Union[Claimed, Finished, Restamped, Sample]
+Event = Union[Claimed, Finished, StampRenewed, Sample]
 
 
 def describe(event: Event) -> str:
@@ -115,6 +115,6 @@ def describe(event: Event) -> str:
         return f"the claim of {event.rel}"
     if isinstance(event, Finished):
         return f"the outcome of {event.rel} ({event.status.value})"
-    if isinstance(event, Restamped):
+    if isinstance(event, StampRenewed):
         return f"the file stamp of {event.rel}"
     return "a memory sample"

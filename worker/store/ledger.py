@@ -14,11 +14,12 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from sqlalchemy import Engine, bindparam, select
 
-from worker.host.processes import earlier_life
+from worker.host.processes import is_gone
+from worker.intake.jobs import JobStatus
 from worker.store.db import database_wide
 from worker.store.schema import ImageRow, Run
 
@@ -65,9 +66,32 @@ def stamp_of(st: os.stat_result) -> str | None:
     return f"{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
+@dataclass(frozen=True)
+class WhatDone:
+    """What counts as done: this model file, these card settings, into this outbox."""
+
+    model_sha256: str
+    card_digests: frozenset[str]  # a run recorded under one of these: the same card settings
+    one_page_digests: frozenset[str]  # the same for a file of one page, whatever pipeline.pages says
+    outbox: str  # as runs' configs record it
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The ledger's answer for one read image: skip it (done), or claim it (`redo`: done before, but
+    with another model file or card settings, or into another outbox: `earlier_outbox`); `known` is
+    what the database held, for the quarantine check."""
+
+    skip: bool
+    redo: bool = False
+    earlier_outbox: str | None = None
+    known: Known | None = None
+
+
 class Ledger:
-    def __init__(self, engine: Engine, model: str, root: str = "") -> None:
+    def __init__(self, engine: Engine, model: str, root: str = "", done: WhatDone | None = None) -> None:
         self.engine, self.model, self.root = engine, model, root
+        self.done = done
         self._sql = {name: _compiled(stmt, engine) for name, stmt in (("content", _LOOKUP), ("stamp", _BY_STAMP))}
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -85,6 +109,45 @@ class Ledger:
         are still those of that read, under this run's root; None otherwise (then read it and `check`)."""
         return self._lookup("stamp", rel, {"rel": rel, "model": self.model, "size": size, "stamp": stamp,
                                            "root": self.root})
+
+    def decide(self, rel: str, sha256: str, one_page: Callable[[], bool]) -> Decision:
+        """Claim this image, or skip it? Done with this model file and card settings into this outbox:
+        skipped. A file of one page done under the other pipeline.pages setting (`one_page()`, asked only
+        then) has the same result: skipped too. Done otherwise: claimed again (`redo`)."""
+        known = self.check(rel, sha256)
+        if known is None or known.status != JobStatus.DONE.value:
+            return Decision(skip=False, known=known)
+        if not self._same_outbox(known):  # its outputs are elsewhere: done again, into this outbox
+            return Decision(skip=False, redo=True, earlier_outbox=self._outbox_of(known))
+        assert self.done is not None
+        if self._same_model(known) or (self._same_model(known, self.done.one_page_digests) and one_page()):
+            return Decision(skip=True, known=known)
+        return Decision(skip=False, redo=True)  # another model file (retrained) or card settings
+
+    def done_as_read(self, rel: str, size: int, stamp: str) -> bool:
+        """Whether this file, unchanged since the read whose content was processed, is done with this
+        model's file into this outbox: then it need not be read (a rerun over a big folder, a restart with
+        inputs kept)."""
+        known = self.check_stamp(rel, size, stamp)
+        return known is not None and known.status == JobStatus.DONE.value and self._same_model(known) \
+            and self._same_outbox(known)
+
+    def _same_outbox(self, known: Known) -> bool:
+        """Whether an image's last processing wrote its outputs into this outbox (`run DIR --outbox NEW`
+        does them again, so that the outbox asked for gets the outputs)."""
+        assert self.done is not None
+        return self._outbox_of(known) in (None, self.done.outbox)
+
+    def _outbox_of(self, known: Known) -> str | None:
+        return None if known.run_id is None else self.run_outbox(known.run_id)
+
+    def _same_model(self, known: Known, digests: frozenset[str] | None = None) -> bool:
+        """Whether an image's last processing used this ONNX file and these card settings (a run recorded
+        before card digests counts as these settings: an upgrade alone does not process everything again),
+        or settings of `digests`."""
+        assert self.done is not None
+        return known.model_sha256 == self.done.model_sha256 and \
+            (known.card_sha256 is None or known.card_sha256 in (digests or self.done.card_digests))
 
     def connect(self) -> None:
         """Open the calling thread's connection now, ahead of its first check: a decode thread calls
@@ -172,7 +235,7 @@ def _running(host: str, pid: int) -> bool:
     one (a container restarts its worker under the same pid: then the run is a previous life's)."""
     if host != socket.gethostname():
         return True
-    return not earlier_life(pid)
+    return not is_gone(pid)
 
 
 def _compiled(stmt: Any, engine: Engine) -> tuple[str, tuple[str, ...] | None]:

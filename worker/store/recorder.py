@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from worker import __version__
 from worker.host.durations import span_text
 from worker.store.db import database_wide
-from worker.store.events import Claimed, Commit, Event, Finished, Restamped, RunInfo, Sample, describe
+from worker.store.events import Claimed, Commit, Event, Finished, StampRenewed, RunInfo, Sample, describe
 from worker.store.wal import WalCheckpointer, reason
 from worker.store.writes import EventWrites
 from worker.store.schema import Run, utcnow
@@ -34,7 +34,7 @@ from worker.store.schema import Run, utcnow
 
 log = logging.getLogger(__name__)
 # the events are defined beside the recorder; their producers may import them from here
-__all__ = ["Claimed", "Commit", "Event", "Finished", "Recorder", "Restamped", "RunInfo", "Sample"]
+__all__ = ["Claimed", "Commit", "Event", "Finished", "Recorder", "StampRenewed", "RunInfo", "Sample"]
 MAX_BATCH = 256  # events per transaction
 # a transaction costs about 1 ms of Python whatever its size: under load, gather events this long
 # before writing, so the recorder does not commit for every event (rows lag by at most this).

@@ -10,7 +10,7 @@ from sqlalchemy import (BindParameter, Connection, Engine, Integer, Table, and_,
                         select, update)
 
 from worker.intake.jobs import JobStatus
-from worker.store.events import Claimed, Event, Finished, Restamped, Sample
+from worker.store.events import Claimed, Event, Finished, StampRenewed, Sample
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
 # the mapped classes' tables (declared as FromClause, which they are more than)
@@ -125,7 +125,7 @@ class EventWrites:
         claimed_now: list[Claimed] = []
         restamps: list[dict[str, Any]] = []
         for e in batch:
-            if isinstance(e, Restamped):
+            if isinstance(e, StampRenewed):
                 restamps.append(dict(rel=e.rel, sha=e.sha256, model=self.model, root=self.root, stamp=e.stamp))
             elif isinstance(e, Sample):
                 samples.append(dict(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds, threads=e.threads,
