@@ -214,3 +214,13 @@ def test_the_sql_the_database_doc_shows_runs(a_database: Path) -> None:
         answers = [db.execute(q).fetchall() for q in queries]
     assert answers[0] == [("broken.jpg", 1, answers[0][0][2])]  # the failure, with its reason
     assert all(answers[1:]), answers
+
+
+def test_every_file_the_docs_name_exists() -> None:
+    """`worker/pipeline/prepare.py`, `tests/test_db.py`: a file moved or renamed is not left named in the docs."""
+    missing = []
+    for doc in USER_DOCS:
+        for path in re.findall(r"(?<![\w/.])((?:worker|tests|migrations)/[\w/.-]*\w\.(?:py|md|yaml|txt|npz))", doc.read_text()):
+            if not (ROOT / path).exists() and not any(ch in path for ch in "*<"):
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+    assert missing == [], "\n".join(missing)
