@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from worker.measure.bench import first_by_stage, plain_preprocess
+from worker.measure.bench.loops import plain_preprocess
 from worker.measure.bench.corpus import _create_cost, copies_of_first, make_corpus
 from worker.measure.bench.results import CorpusResult, as_dicts, verdicts
-from worker.measure.bench.steady import STAGES, Steady, _bench_heap_frozen, _steady
+from worker.measure.bench.steady import STAGES, Steady, _bench_heap_frozen, _steady, first_by_stage
 from worker.images import decode
 from worker.models.card import find_card
 from worker.tasks.preprocess import prepare
