@@ -197,14 +197,17 @@ def test_a_read_only_inbox_gives_results_and_reads_each_file_once(cfg, samples: 
         with Watching(cfg) as w:
             assert w.ready.wait(120) and w.error is None
             assert wait_for(lambda: len(w.finished) >= 8, timeout=60)  # the two, then three rescans' worth
-        assert sorted(w.finished[:2]) == [("chelsea.png", JobStatus.DONE), ("coffee.png", JobStatus.DONE)]
+        first: dict[str, JobStatus] = {}
+        for rel, status in w.finished:  # a rescan may pass over one file (kept, unread) before the other is done
+            first.setdefault(rel, status)
+        assert first == {"chelsea.png": JobStatus.DONE, "coffee.png": JobStatus.DONE}
         assert "is not writable" in caplog.text and caplog.text.count("cannot archive") == 2
         assert w.summary.figures["done"] == 2 and not [p for p in cfg.archive.rglob("*") if p.is_file()]
 
 
 def test_an_archive_on_a_full_disk_is_said_once_and_tried_at_each_rescan(cfg, samples: Path, caplog, request) -> None:
     """The archive on another filesystem that is full (a small tmpfs): inputs get their results and
-    stay in the inbox, the log says so once per file (before: at every rescan, each input read and
+    stay in the inbox, the log says so once per file (not at every rescan, nor each input read and
     hashed again), and once there is room the next rescan moves them."""
     if not own_user_namespace(request, mounts=True):
         return  # it ran, and passed, with mounts of its own
