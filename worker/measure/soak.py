@@ -11,17 +11,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable
 
-import psutil
 
 from worker.config import Config, without_password
 from worker.errors import ConfigError
 from worker.intake.scan import walk
 from worker.intake.jobs import Job, JobStatus
-from worker.measure.metrics import RSS_NOISE_MB, percentiles, resolvable_slope, slope_per_hour
+from worker.measure.metrics import RSS_NOISE_MB, percentiles, resolvable_slope
 from worker.host.names import as_text
 from worker.service import open_pipeline
 from worker.store.db import database, sqlite_file
-from worker.store.queries import run_stats, runs_over
+from worker.store.queries import memory_so_far, run_stats, runs_over
 
 
 @dataclass(frozen=True)
@@ -149,15 +148,14 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
         (cfg.outbox / MARKER).touch()
         t0 = time.monotonic()
         n = 0
-        rss = _RssTrend(t0, warm, cfg.metrics.memory_sample_s)
         next_said = t0 + progress_s
         # a constant number in flight: steady memory and latencies that measure processing, not queueing
         in_flight = 2 * (pipeline.settings.decode_workers + pipeline.settings.infer_workers)
         while (now := time.monotonic()) - t0 < duration_s and not (stop is not None and stop.is_set()):
-            rss.sample(now)
-            if progress is not None and now >= next_said:
+            if progress is not None and now >= next_said:  # from the samples the pipeline's sampler records
                 next_said = now + progress_s
-                progress(SoakProgress(now - t0, duration_s, n, rss.last_mb, rss.slope_mb_per_h()))
+                rss_mb, slope = memory_so_far(pipeline.recorder.engine, pipeline.recorder.run_id, warm)
+                progress(SoakProgress(now - t0, duration_s, n, rss_mb, slope))
             pipeline.wait_for_room(in_flight)
             pipeline.submit(Job.from_path(folder, paths[n % len(paths)]))
             n += 1
@@ -188,26 +186,3 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
                        inconclusive=tuple(inconclusive), notes=tuple(notes))
 
 
-
-class _RssTrend:
-    """This process's RSS, sampled every `every_s` from the soak loop, and its slope after warm-up so far."""
-
-    def __init__(self, t0: float, warmup_s: float, every_s: float) -> None:
-        self._process = psutil.Process()
-        self._t0, self._warmup_s, self._every_s = t0, warmup_s, every_s
-        self._next = t0
-        self._seconds: list[float] = []
-        self._mb: list[float] = []
-        self.last_mb = math.nan
-
-    def sample(self, now: float) -> None:
-        if now < self._next:
-            return
-        self._next = now + self._every_s
-        self.last_mb = self._process.memory_info().rss / 2**20
-        if now - self._t0 >= self._warmup_s:
-            self._seconds.append(now - self._t0)
-            self._mb.append(self.last_mb)
-
-    def slope_mb_per_h(self) -> float:
-        return slope_per_hour(self._seconds, self._mb)

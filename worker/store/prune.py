@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Engine, and_, delete, exists, func, not_, select, text
 
@@ -30,15 +31,18 @@ class Pruned:
     runs: int
 
 
+def _prunable(before: datetime) -> Any:
+    """The images a prune forgets: done or failed, last updated before `before` (never those in flight)."""
+    return and_(ImageRow.updated_at < before, ImageRow.status.in_((JobStatus.DONE.value, JobStatus.FAILED.value)))
+
+
 def prune(db: Engine, before: datetime, batch: int = BATCH) -> Pruned:
     """Delete the done and failed images last updated before `before` (with their rows in the tables
     that refer to them), the memory samples taken before it, and the runs that ended before it and are
     no longer referred to."""
-    ended = (JobStatus.DONE.value, JobStatus.FAILED.value)
     # every statement writes (no read first): on SQLite a transaction that read, then writes after the
     # recorder committed, fails at once ("database is locked") instead of waiting its busy timeout
-    chosen = (select(ImageRow.id).where(ImageRow.updated_at < before, ImageRow.status.in_(ended))
-              .order_by(ImageRow.id).limit(batch))
+    chosen = select(ImageRow.id).where(_prunable(before)).order_by(ImageRow.id).limit(batch)
     images = 0
     while True:
         with db.begin() as c:
@@ -60,8 +64,7 @@ def prune(db: Engine, before: datetime, batch: int = BATCH) -> Pruned:
 def would_prune(db: Engine, before: datetime) -> Pruned:
     """What `prune(db, before)` would delete, counted without deleting (`db prune --dry-run`, and the
     question asked before a prune on a terminal). Reads only: no lock held over a worker's writes."""
-    ended = (JobStatus.DONE.value, JobStatus.FAILED.value)
-    gone = and_(ImageRow.updated_at < before, ImageRow.status.in_(ended))
+    gone = _prunable(before)
     kept_image = exists().where(ImageRow.run_id == Run.id, not_(gone))
     kept_timing = exists().where(TimingRow.run_id == Run.id, TimingRow.image_id == ImageRow.id, not_(gone))
     kept_sample = exists().where(MemorySample.run_id == Run.id, MemorySample.at >= before)

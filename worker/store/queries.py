@@ -4,6 +4,7 @@ The per-image skip check is in ledger.py."""
 
 from __future__ import annotations
 
+import math
 import posixpath
 import socket
 from dataclasses import dataclass
@@ -299,6 +300,19 @@ def _samples(c: Any, rid: int, window: _Window) -> _Samples:
         final = c.execute(select(*cols).where(*where).order_by(MemorySample.at.desc()).limit(1)).first()
         rows = [first, *[r for r in rows if r.at not in (first.at, final.at)], final]
     return _Samples(rows, total, stride, peak_rss, peak_gpu, most_done, first_at, last_at)
+
+
+def memory_so_far(db: Engine, run_id: int, warmup_s: float) -> tuple[float, float]:
+    """(RSS of the run's latest memory sample, the least-squares slope of its samples after the warm-up so
+    far), in MB and MB/h, as `run_stats` reads them; nan for what there are too few samples for yet."""
+    with db.connect() as c:
+        sampled = _samples(c, run_id, _Window())
+    if not sampled.rows:
+        return math.nan, math.nan
+    t0 = sampled.first_at or sampled.rows[0].at
+    steady = [((r.at - t0).total_seconds(), r.rss_bytes / 2**20) for r in sampled.rows
+              if (r.at - t0).total_seconds() >= warmup_s]
+    return sampled.rows[-1].rss_bytes / 2**20, slope_per_hour([t for t, _ in steady], [m for _, m in steady])
 
 
 def _latest_beats(c: Any, run: dict[str, Any], stall_s: float) -> list[Beat]:
