@@ -17,10 +17,7 @@ import numpy as np
 
 from tests.conftest import CACHE, ROOT, wait_for
 
-
 N_IMAGES = 240
-
-
 N_BAD = 6
 
 

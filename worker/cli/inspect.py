@@ -131,8 +131,6 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
 
 
 _SCORES = {"classify": "top-1 probability", "detect": "best box's score", "segment": "mean mask probability"}
-
-
 _LISTED_LABELS = 8  # the most frequent; the JSON lists them all
 
 

@@ -15,11 +15,7 @@ from worker.images.tiff_directories import tiff_32bit
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-
 _SOF = frozenset((0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF))
-
-
 _HUFFMAN_SOF = frozenset((0xC0, 0xC1, 0xC2))  # baseline, extended, progressive (not lossless, not arithmetic)
 
 

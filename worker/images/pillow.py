@@ -33,8 +33,6 @@ def _pillow_32bit(data: bytes) -> bool:
 # Pillow's own warnings (a decompression bomb, a malformed TIFF tag, a palette's transparency, ...) are
 # attributed to its modules; its deprecations, raised for the caller, are not, and still show.
 _PILLOW_MODULES = r"PIL\."
-
-
 _PILLOW_WARNINGS = ("ignore", None, Warning, re.compile(_PILLOW_MODULES), 0)  # as `filterwarnings` files it
 
 

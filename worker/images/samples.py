@@ -22,17 +22,9 @@ def _not_pixels(kind: str, samples: str) -> str:
 
 
 _WIDTH, _LENGTH, _BITS, _FORMAT = 256, 257, 258, 339  # TIFF tags: ImageWidth, ImageLength, BitsPerSample, SampleFormat
-
-
 _COMPRESSION = 259
-
-
 _EXTRA_SAMPLES = 338  # what a sample past the colour ones is: 1 associated (premultiplied) alpha, 2 unassociated
-
-
 _SAMPLES = 277  # SamplesPerPixel
-
-
 # TIFF compressions OpenCV's wheels build without, the first three of which Pillow's read (modern microscopy
 # writes Zstandard and LZMA; whole-slide scanners JPEG 2000): such a page goes to Pillow straight away, since
 # OpenCV's try prints warnings to stderr for each one (any other page OpenCV cannot read still falls back
@@ -42,8 +34,6 @@ OPENCV_LACKS = {34925: "LZMA", 50000: "Zstandard", 50001: "WebP", 34887: "LERC",
 
 
 _SUBFILE, _REDUCED_IMAGE = 254, 0x1  # NewSubfileType, and its bit for a reduced version of another image
-
-
 _FIELDS = (_WIDTH, _LENGTH, _BITS, _FORMAT, _SUBFILE, _COMPRESSION, _SAMPLES)  # what _tiff_directories reads
 
 

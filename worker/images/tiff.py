@@ -22,8 +22,6 @@ from worker.images.tiff_directories import _file_reader, _page_directories, _sam
 # a TIFF's later pages are decoded this many at a time, and at most this many pixels at once: libtiff finds
 # page k by walking the k pages before it, so one call per page costs a long file time quadratic in its pages
 PAGE_CHUNK = 16
-
-
 PAGE_CHUNK_PIXELS = 16_000_000
 
 

@@ -31,8 +31,6 @@ def _file_reader(f: BinaryIO) -> Callable[[int, int], bytes]:
 
 # a TIFF's pages counted by walking its directories stop here (each costs a read): far past any real stack
 MAX_TIFF_PAGES = 1_000_000
-
-
 # a directory of more entries than a classic TIFF's can hold is taken as the end of the chain (a BigTIFF's
 # 8-byte count could otherwise ask for a read of the whole file); real ones hold a few dozen
 MAX_TIFF_ENTRIES = 0xFFFF

@@ -30,8 +30,6 @@ log = logging.getLogger(__name__)
 
 # how often the intake loop checks that the inbox is still the folder the observer watches
 INBOX_CHECK_S = 1.0
-
-
 # how often it counts the folders inotify does not watch (a walk of the inbox's folders)
 COVERAGE_CHECK_S = 60.0
 

@@ -23,8 +23,6 @@ from worker.host.processes import is_gone
 
 
 TMP_PREFIX = ".tmp-"
-
-
 FULL = {errno.ENOSPC, errno.EDQUOT}  # the filesystem, not the file: writes wait for room
 
 
@@ -64,8 +62,6 @@ def fit_name(name: str, room: int = 0) -> str:
 # a temporary's name ends with its writer's pid and thread: remove_temporaries tells a crash's from a
 # live worker's by it; a temporary that nothing has changed for this long is a crash's whatever its name
 STALE_TEMP_S = 3600.0
-
-
 _OWNER = re.compile(r"\.(\d+)\.\d+$")
 
 

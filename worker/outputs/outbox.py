@@ -27,22 +27,12 @@ from worker.outputs.files import FULL, TMP_PREFIX, _owner_suffix, fit_name, insi
 
 
 ROOM_PROBE_BYTES = 1 << 16
-
-
 # what an image's outcome leaves in the outbox: its results, or the reason it failed
 RESULT_SUFFIXES = (".json", ".mask.png", ".txt", ".overlay.jpg")
-
-
 ERROR_SUFFIX = ".error.json"
-
-
 PAGES_SUFFIX = ".pages"  # a multi-page file's folder of its later pages' outputs (pipeline.pages: all)
-
-
 # what _page_outputs names a page's outputs in that folder: the only names _drop_pages removes there
 _PAGE_OUTPUT = re.compile(r"(\d+)(?:\.mask\.png|\.txt|\.overlay\.jpg)")
-
-
 _LONGEST_SUFFIX = max(len(s) for s in (*RESULT_SUFFIXES, ERROR_SUFFIX))
 
 

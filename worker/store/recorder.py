@@ -44,8 +44,6 @@ GROUP_S = 0.05
 # the log reminded this often while it lasts
 DB_RETRY_S = 5.0
 DB_REMINDER_S = 600.0
-
-
 _STOP = object()
 
 

@@ -85,17 +85,9 @@ class _Round:
 
 # the targets `worker bench` holds its figures to (`--check`: exit 1 when one is missed)
 LIMIT_TARGET = 0.85  # C/limit, every model and corpus
-
-
 NAIVE_TARGETS = {640: 1.3, 1920: 1.5}  # C/B for efficientnet-lite0, where decoding weighs as much as the model
-
-
 NAIVE_MODEL = "efficientnet-lite0"
-
-
 TAIL_TARGET = 2.0  # D: p99 <= 2 x p50
-
-
 RSS_TARGET_MB = 400.0  # efficientnet-lite0's peak RSS in `worker run`
 
 
