@@ -79,6 +79,9 @@ class InputsConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     queue_size: int = 64  # bound of every queue between stages; full => the stage before waits
+    # processes for the pipeline: 1 = one process (threads); N = the session's process and N-1 prepare
+    # processes (read, decode, preprocess, outputs, rows); 0 = chosen from the core count
+    processes: int = 0
     decode_workers: int = 0  # 0 = chosen from the core count
     infer_workers: int = 0  # threads calling the one shared session; 0 = chosen from the core count
     max_batch: int = 0  # micro-batch size (only for cards with dynamic_batch); 0 = 1 on CPU, 8 on a GPU

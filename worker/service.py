@@ -32,6 +32,7 @@ from worker.host.names import as_text
 from worker.outputs.outbox import Outbox, output_rel
 from worker.outputs.files import remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
+from worker.pipeline.shards import PREPARE_PROCESS_THREADS, ProcessPipeline, default_processes
 from worker.status import StatusLog
 from worker.store.db import database, sqlite_file
 from worker.store.queries import other_roots
@@ -151,7 +152,7 @@ def ready_model(cfg: Config, card: ModelCard) -> ReadyModel:
 @contextmanager
 def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None = None,
                   on_finished: Callable[[Job, JobStatus], None] | None = None,
-                  replay: bool = False) -> Iterator[Pipeline]:
+                  replay: bool = False) -> Iterator[Pipeline | ProcessPipeline]:
     """Card, database, model (pulled, loaded, warmed up), recorder, outbox and pipeline, closed in order.
 
     `inputs`: what becomes of each input once its outcome is committed (None: nothing, nor any wait)."""
@@ -167,33 +168,45 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
         card, engine, adapter, onnx, max_batch = model.card, model.engine, model.adapter, model.onnx, model.max_batch
         _warn_shared_outbox(db, cfg.outbox, root)
         p = cfg.pipeline
+        processes = p.processes or default_processes()
         auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
+        if processes > 1:  # each prepare process's threads: two decode, one sending its batches here
+            auto_decode = PREPARE_PROCESS_THREADS
         settings = Settings(decode_workers=p.decode_workers or auto_decode, infer_workers=p.infer_workers or auto_infer,
                             max_batch=max_batch, max_delay_ms=p.max_delay_ms, queue_size=max(1, p.queue_size),
                             max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
                             memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
                             keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce,
                             all_pages=p.pages == "all")
-        log.info("pipeline: %d decode threads, %d inference threads, batches of up to %d", settings.decode_workers,
-                 settings.infer_workers, settings.max_batch)
-        recorder = Recorder(db, RunInfo(mode=mode, root=as_text(str(root)), model=card.name,
-                                        model_sha256=sha256_file(onnx),
-                                        card_sha256=settings_digest(card, settings.all_pages),
-                                        providers=",".join(engine.providers), config=cfg.as_dict()))
+        if processes > 1:
+            log.info("pipeline: %d prepare processes of %d decode threads each, batches of up to %d",
+                     processes - 1, settings.decode_workers, settings.max_batch)
+        else:
+            log.info("pipeline: %d decode threads, %d inference threads, batches of up to %d",
+                     settings.decode_workers, settings.infer_workers, settings.max_batch)
+        info = RunInfo(mode=mode, root=as_text(str(root)), model=card.name, model_sha256=sha256_file(onnx),
+                       card_sha256=settings_digest(card, settings.all_pages), providers=",".join(engine.providers),
+                       config=cfg.as_dict())
+        recorder = Recorder(db, info)
         try:
             o = cfg.outputs
             outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors, pages=settings.all_pages)
             for folder in (cfg.outbox, archive):
                 if folder is not None and (n := remove_temporaries(folder)):
                     log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
-            with Pipeline(card=card, engine=engine, adapter=adapter, recorder=recorder, outbox=outbox,
-                          db=db, settings=settings, on_finished=on_finished) as pipeline:
-                yield pipeline
+            if processes > 1:
+                with ProcessPipeline(cfg=cfg, card=card, engine=engine, recorder=recorder, info=info, db=db,
+                                     settings=settings, processes=processes - 1, on_finished=on_finished) as shards:
+                    yield shards
+            else:
+                with Pipeline(card=card, engine=engine, adapter=adapter, recorder=recorder, outbox=outbox,
+                              db=db, settings=settings, on_finished=on_finished) as pipeline:
+                    yield pipeline
         finally:
             recorder.close()
 
 
-def _summary(cfg: Config, pipeline: Pipeline, mode: str, seconds: float) -> Summary:
+def _summary(cfg: Config, pipeline: Pipeline | ProcessPipeline, mode: str, seconds: float) -> Summary:
     return Summary(run_id=pipeline.recorder.run_id, mode=mode, model=pipeline.card.name,
                    providers=tuple(pipeline.engine.providers), outbox=cfg.outbox, db=cfg.db,
                    figures=summarize(pipeline.counts, seconds), inputs=_inputs_said(pipeline.settings))

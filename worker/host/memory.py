@@ -54,24 +54,36 @@ def release_free_heap() -> None:
         _LIBC.malloc_trim(0)
 
 
-def take_sample(queue_depth: int, images_done: int, gpu_bytes: int | None = None) -> Sample:
-    proc = psutil.Process()
-    try:
-        fds = proc.num_fds()
-    except AttributeError:  # Windows
-        fds = proc.num_handles()  # type: ignore[attr-defined]
-    return Sample(rss_bytes=proc.memory_info().rss, fds=fds, threads=proc.num_threads(),
-                  queue_depth=queue_depth, images_done=images_done, gpu_bytes=gpu_bytes)
+def take_sample(queue_depth: int, images_done: int, gpu_bytes: int | None = None, tree: bool = False) -> Sample:
+    """This process's RSS, open files and threads; with `tree`, summed over it and its child processes
+    (the prepare processes: a leak in one of them shows in the samples like one in this process)."""
+    me = psutil.Process()
+    rss = fds = threads = 0
+    for proc in [me, *(me.children(recursive=True) if tree else [])]:
+        try:
+            with proc.oneshot():
+                rss += proc.memory_info().rss
+                threads += proc.num_threads()
+                try:
+                    fds += proc.num_fds()
+                except AttributeError:  # Windows
+                    fds += proc.num_handles()  # type: ignore[attr-defined]
+        except psutil.NoSuchProcess:  # a prepare process that ended between the listing and the reading
+            continue
+    return Sample(rss_bytes=rss, fds=fds, threads=threads, queue_depth=queue_depth, images_done=images_done,
+                  gpu_bytes=gpu_bytes)
 
 
 class MemorySampler:
     """Calls `sink(sample)` every `period_s` seconds on its own thread until `stop()`; gives malloc's
     free pages back to the OS before each sample (about 1-2 ms; see `release_free_heap`). `gpu`, when
-    given, answers the GPU memory the process holds (see `worker.runtime.gpu.GpuMemory`)."""
+    given, answers the GPU memory the process holds (see `worker.runtime.gpu.GpuMemory`); `tree`: the
+    samples count the child processes too."""
 
     def __init__(self, period_s: float, sink: Callable[[Sample], None], state: Callable[[], tuple[int, int]],
-                 gpu: Callable[[], int | None] | None = None) -> None:
+                 gpu: Callable[[], int | None] | None = None, tree: bool = False) -> None:
         self._period = period_s
+        self._tree = tree
         self._sink = sink
         self._state = state
         self._gpu = gpu
@@ -93,4 +105,4 @@ class MemorySampler:
         self._sink(self._take())  # the last sample shows the end state
 
     def _take(self) -> Sample:
-        return take_sample(*self._state(), gpu_bytes=self._gpu() if self._gpu is not None else None)
+        return take_sample(*self._state(), gpu_bytes=self._gpu() if self._gpu is not None else None, tree=self._tree)

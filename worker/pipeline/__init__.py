@@ -52,6 +52,10 @@ __all__ = ["Counts", "Pipeline", "Settings", "summarize", "warm_up_stages"]
 log = logging.getLogger(__name__)
 
 
+def _ignore(_sample: object) -> None:
+    """A memory sample not recorded: the sampler still gives malloc's free pages back before each."""
+
+
 class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
     """Starts its threads on construction; use as a context manager or call close()."""
 
@@ -102,7 +106,7 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
             # moving inputs waits for the database commit: on its own thread, so finish never waits
             [self._thread("archive", self._archive_loop)] if settings.inputs is not None else [],
         ]
-        self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
+        self._sampler = MemorySampler(settings.memory_sample_s, recorder.put if settings.record_memory else _ignore,
                                       lambda: (self.depth(), self.counts.processed), gpu=gpu)
         deadline = time.monotonic() + WARM_UP_WAIT_S  # for all of them together: they warm up side by side
         for warmed in self._warmed:
@@ -186,6 +190,11 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
                 self.drain()
                 done.add(rel)
         return done
+
+    @property
+    def outbox_full(self) -> bool:
+        """Intake is paused: the outbox's disk is full."""
+        return self._outbox_pause.full
 
     def depth(self) -> int:
         """Images in the pipeline: submitted and not yet finished (queued, in progress, or waiting for

@@ -48,6 +48,8 @@ class Settings:
     replay: bool = False  # soak: process images again even when the ledger says done
     jpeg_reduce: bool = False  # decode big JPEGs at a reduced scale (never with keep_image)
     all_pages: bool = False  # every page of a multi-page file (pipeline.pages: all), not only its first
+    # record memory samples (a prepare process does not: the inference process samples all of them)
+    record_memory: bool = True
 
 
 @dataclass

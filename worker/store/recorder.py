@@ -50,18 +50,18 @@ _STOP = object()
 class Recorder(EventWrites):
     """Creates the run row, then writes events on its own thread until `close()`."""
 
-    def __init__(self, engine: Engine, info: RunInfo) -> None:
+    def __init__(self, engine: Engine, info: RunInfo, run_id: int | None = None) -> None:
+        """`run_id`: write into that run (a prepare process's, for its inference process) instead of
+        creating one; the run's owner stamps its end."""
         self.engine = engine
         self.model = info.model
         self.root = info.root  # the inbox or the folder run: where the stamps recorded hold
         self.model_sha256, self.card_sha256 = info.model_sha256, info.card_sha256
-        with Session(engine) as s, s.begin():
-            run = Run(mode=info.mode, host=socket.gethostname(), pid=os.getpid(), root=info.root,
-                      model=info.model, model_sha256=info.model_sha256, card_sha256=info.card_sha256 or None,
-                      providers=info.providers, config=info.config, version=__version__)
-            s.add(run)
-            s.flush()
-            self.run_id: int = run.id
+        self._owns_run = run_id is None
+        if run_id is not None:
+            self.run_id: int = run_id
+        else:
+            self.run_id = self._create_run(info)
         # upserts are dialect-specific (SQLite and PostgreSQL both have ON CONFLICT DO UPDATE)
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
@@ -84,6 +84,15 @@ class Recorder(EventWrites):
         self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
         self._thread.start()
         self._checkpointer = WalCheckpointer(engine) if self._sqlite else None
+
+    def _create_run(self, info: RunInfo) -> int:
+        with Session(self.engine) as s, s.begin():
+            run = Run(mode=info.mode, host=socket.gethostname(), pid=os.getpid(), root=info.root,
+                      model=info.model, model_sha256=info.model_sha256, card_sha256=info.card_sha256 or None,
+                      providers=info.providers, config=info.config, version=__version__)
+            s.add(run)
+            s.flush()
+            return int(run.id)
 
     def _warm_up(self) -> None:
         """Compile the claims' id query now (about 1 ms of SQLAlchemy's, once) rather than in the
@@ -127,6 +136,8 @@ class Recorder(EventWrites):
             self._checkpointer.stop()
         if self._conn is not None:
             self._release(self._conn)
+        if not self._owns_run:
+            return
         try:
             with Session(self.engine) as s, s.begin():
                 s.execute(update(Run).where(Run.id == self.run_id).values(finished_at=utcnow()))

@@ -1,0 +1,144 @@
+"""What the pipeline around the model costs, with a stand-in model that costs nothing (not a test).
+
+    python tests/perf/feed.py [--images 2000] [--width 640] [--processes N] [--gil] [--repeat 1] [--json OUT]
+                              [-- worker run options]
+
+Builds a classify card whose ONNX is GlobalAveragePool + Flatten + MatMul to 1,000 logits (224x224,
+EfficientNet-Lite0's preprocessing) and a corpus of JPEGs from the sample images, then runs
+`worker run DIR --inputs keep` in a fresh process and prints images/s and the CPU per image of
+every process of the run together, and of its main process alone (the one holding the session: an
+upper bound of the time it holds the GIL, as far as it runs no native code), each with the wall time
+and CPU of a run over an empty folder (start-up) taken off. `--gil` samples the run with `py-spy record --gil --idle` (py-spy installed) and prints the
+GIL-held time per image of the main process (the one that holds the session), with that of the
+run over an empty folder taken off. Extra arguments after `--` go to `worker run`.
+The outputs stay in a temporary folder that is not deleted (see tests/perf/create_after_delete.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from worker.config import default_cache_dir
+from worker.measure.bench.corpus import make_corpus
+from worker.measure.samples import fetch_samples
+from worker.models.onnx_graph import GraphBuilder
+
+RATE = 250  # py-spy samples per second
+
+CARD = """name: stand-in
+onnx: stand-in.onnx
+task: classify
+input: {name: input, size: [224, 224], dynamic_batch: true}
+preprocess: {color: rgb, resize: shorter-crop, resize_shorter: 256, mean: [127, 127, 127], std: [128, 128, 128]}
+postprocess: {output: logits, top_k: 5}
+labels: [%s]
+"""
+
+
+def stand_in(models: Path) -> None:
+    folder = models / "stand-in"
+    folder.mkdir(parents=True, exist_ok=True)
+    g = GraphBuilder()
+    flat = g.node("Flatten", [g.node("GlobalAveragePool", ["input"])], axis=1)
+    w = np.random.default_rng(0).standard_normal((3, 1000)).astype(np.float32)
+    out = g.node("MatMul", [flat, g.const(w)], name="logits")
+    g.save(folder / "stand-in.onnx", "input", ["N", 3, 224, 224], [(out, ["N", 1000])], "stand-in")
+    (folder / "model.yaml").write_text(CARD % ", ".join(f"c{i}" for i in range(1000)))
+
+
+def run(root: Path, inbox: Path, tag: str, extra: list[str], gil: bool) -> dict[str, float]:
+    outbox = root / f"out-{tag}"
+    cmd = [sys.executable, "-m", "worker", "--config", str(root / "config.yaml"), "run", str(inbox),
+           "--outbox", str(outbox), "--db", f"sqlite:///{root}/{tag}.db", "--inputs", "keep", *extra]
+    if gil:
+        cmd = ["py-spy", "record", "--gil", "--subprocesses", "--format", "raw", "-r", str(RATE),
+               "-o", str(root / f"{tag}.gil.txt"), "--", *cmd]
+    t0 = time.perf_counter()
+    ru0 = os.times()
+    err = open(root / f"{tag}.log", "w+")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    main_cpu = 0.0
+    while proc.poll() is None:  # the main process's own CPU, read until it ends (its last 20 ms unread)
+        main_cpu = max(main_cpu, process_cpu_s(proc.pid, gil))
+        time.sleep(0.02)
+    ru1 = os.times()
+    if proc.returncode != 0:
+        err.seek(0)
+        sys.exit(f"worker run failed:\n{err.read()[-3000:]}")
+    return {"wall_s": time.perf_counter() - t0, "main_cpu_s": main_cpu,
+            "cpu_s": (ru1.children_user - ru0.children_user) + (ru1.children_system - ru0.children_system)}
+
+
+def process_cpu_s(pid: int, under_py_spy: bool) -> float:
+    """A process's CPU seconds (all its threads) from /proc; under py-spy, that of its child (the worker)."""
+    try:
+        if under_py_spy:
+            pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def gil_samples(path: Path) -> int:
+    """Samples of the main process (the one py-spy started) that held the GIL (py-spy's raw format:
+    a child process's stacks start with its parent's `process` frames)."""
+    total = 0
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if sum(f.startswith("process ") for f in frames) > 1:
+            continue  # a prepare process's
+        total += int(count)
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--width", type=int, default=640)
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--gil", action="store_true")
+    ap.add_argument("--json")
+    ap.add_argument("--processes", type=int, default=0, help="pipeline.processes (0: chosen from the cores)")
+    args, extra = ap.parse_known_args()
+    extra = [a for a in extra if a != "--"]
+    root = Path(tempfile.mkdtemp(prefix="worker-feed-"))
+    stand_in(root / "models")
+    (root / "config.yaml").write_text(f"models_dir: {root / 'models'}\nmodel: stand-in\n"
+                                      f"cache_dir: {default_cache_dir()}\n"
+                                      f"pipeline: {{processes: {args.processes}}}\n")
+    inbox, empty = root / "inbox", root / "empty"
+    empty.mkdir()
+    make_corpus(fetch_samples(default_cache_dir()), args.width, args.images, inbox)
+    rows = []
+    for i in range(args.repeat):
+        base = run(root, empty, f"empty{i}", extra, args.gil)
+        full = run(root, inbox, f"full{i}", extra, args.gil)
+        row = {"images": args.images, "width": args.width, "processes": args.processes,
+               "images_per_s": args.images / (full["wall_s"] - base["wall_s"]),
+               "cpu_ms_per_image": (full["cpu_s"] - base["cpu_s"]) / args.images * 1000,
+               "main_cpu_ms_per_image": (full["main_cpu_s"] - base["main_cpu_s"]) / args.images * 1000,
+               "startup_cpu_s": base["cpu_s"], "startup_wall_s": base["wall_s"]}
+        if args.gil:
+            held = gil_samples(root / f"full{i}.gil.txt") - gil_samples(root / f"empty{i}.gil.txt")
+            row["gil_ms_per_image"] = held / RATE / args.images * 1000
+        rows.append(row)
+        print(json.dumps(row))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    print(f"outputs under {root}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,311 @@
+"""The pipeline over several processes: prepare processes around one inference process.
+
+    submit(job) -> prepare process k (by its path) -> read, hash, claim, decode, preprocess
+                       -> [shared tensors] -> the one session, here -> outputs back -> postprocess, outbox, rows
+
+Each prepare process runs the thread pipeline (worker/pipeline) with its batches sent here
+(`tensors.RemoteEngine`), its own database writer, and writes into this process's run. This process
+keeps the session, sends each job to the process its path falls to (one image is never in two
+processes at once), and holds no more jobs in flight per process than its queue takes. Per image it
+only sends the job, runs its batch and reads its notice: its Python work stays far below the
+prepare processes', so it feeds as many of them as the host has cores.
+
+A prepare process that dies (a decoder crashing on a poison file) is replaced; the jobs it held go
+to its successor one at a time, each claim charging an attempt as a crash of the whole worker does,
+so that only a file that crashes it again and again ends in quarantine."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import zlib
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any, Callable
+
+from sqlalchemy import Engine as DbEngine
+
+from worker.config import Config
+from worker.errors import WorkerError
+from worker.host.memory import MemorySampler
+from worker.host.names import on_disk
+from worker.intake.jobs import Job, JobStatus
+from worker.models.card import ModelCard, accepted_digests
+from worker.pipeline.items import Counts, Settings
+from worker.pipeline.shards.shard import ShardSpec, Snapshot
+from worker.pipeline.shards.tensors import SharedTensors, serve
+from worker.runtime.engine import Engine
+from worker.runtime.gpu import GpuMemory
+from worker.store.events import RunInfo
+from worker.store.ledger import Ledger, WhatDone
+from worker.store.recorder import Recorder
+
+log = logging.getLogger("worker.pipeline")
+
+# below this many cores one process's threads keep up: its Python work per image (about 1 ms) allows
+# about 1,000 images/s, more than that many cores decode (docs/performance.md)
+PROCESSES_FROM_CORES = 6
+PREPARE_PROCESS_THREADS = 2  # decode threads in each prepare process
+START_S = 300.0  # a prepare process has this long to say it is ready (it imports, connects, warms up)
+MAX_DEATHS = 5  # a prepare process dying this often in a row, with no image finished between: stop
+
+
+def default_processes(cores: int | None = None) -> int:
+    """1 (threads only) on a small machine; else one prepare process per two cores, beside the session's."""
+    n = cores or os.cpu_count() or 1
+    return 1 if n < PROCESSES_FROM_CORES else 1 + n // 2
+
+
+class Shard:
+    """The inference process's handle on one prepare process: its connections, its jobs in flight."""
+
+    def __init__(self, index: int, proc: subprocess.Popen[bytes], control: Connection, infer: Connection) -> None:
+        self.index, self.proc, self.control, self.infer = index, proc, control, infer
+        self.lock = threading.Lock()  # one sender at a time on the control connection
+        self.in_flight: dict[int, Job] = {}  # sequence number -> job sent, not yet finished
+        self.ready = threading.Event()
+        self.closed = threading.Event()
+        self.snapshot = Snapshot()
+        self.final: Counts | None = None
+        self.started = False  # said it is ready
+        self.gone = False
+
+    def send(self, order: tuple[Any, ...]) -> None:
+        with self.lock:
+            self.control.send(order)
+
+
+class ProcessPipeline:
+    """`Pipeline`'s interface (submit, drain, recover, counts, close) over `processes` prepare processes."""
+
+    def __init__(self, *, cfg: Config, card: ModelCard, engine: Engine, recorder: Recorder, info: RunInfo,
+                 db: DbEngine, settings: Settings, processes: int,
+                 on_finished: Callable[[Job, JobStatus], None] | None = None) -> None:
+        self.card, self.engine, self.recorder, self.settings = card, engine, recorder, settings
+        self.on_finished = on_finished
+        self.counts = Counts()
+        self._cfg, self._info = cfg, info
+        self._shape = (settings.max_batch, card.preprocess.channels, card.input.size[0], card.input.size[1])
+        self._tensors = SharedTensors.create(processes, self._shape)
+        self._idle = threading.Condition()
+        self._pending = 0
+        self._seq = 0
+        self._closing = False
+        self._deaths = 0
+        self._retired: list[Snapshot] = []  # the last counts of prepare processes that died
+        done = WhatDone(recorder.model_sha256, accepted_digests(card, settings.all_pages),
+                        accepted_digests(card, False) | accepted_digests(card, True), "")
+        self._ledger = Ledger(db, card.name, recorder.root, done)
+        self._shards: list[Shard] = []
+        try:
+            self._shards = [self._start(i) for i in range(processes)]
+            for shard in self._shards:
+                self._wait_ready(shard)
+        except BaseException:
+            self._kill_all()
+            raise
+        gpu = GpuMemory(engine.device_id) if engine.on_gpu else None
+        self._sampler = MemorySampler(settings.memory_sample_s, recorder.put,
+                                      lambda: (self._pending, self.counts.processed), gpu=gpu, tree=True)
+
+    # --- the prepare processes
+
+    def _start(self, index: int) -> Shard:
+        control, control_child = socket.socketpair()
+        infer, infer_child = socket.socketpair()
+        fds = (control_child.fileno(), infer_child.fileno(), self._tensors.fd)
+        proc = subprocess.Popen([sys.executable, "-m", "worker.pipeline.shards", *map(str, fds)],
+                                pass_fds=fds, stdin=subprocess.DEVNULL)
+        control_child.close()
+        infer_child.close()
+        shard = Shard(index, proc, Connection(control.detach()), Connection(infer.detach()))
+        settings = dataclasses.replace(self.settings, infer_workers=1, record_memory=False)
+        shard.control.send(ShardSpec(index, self._tensors.count, self._shape, self._cfg, self.card, settings,
+                                     self._info, self.recorder.run_id, tuple(self.engine.providers),
+                                     logging.getLogger().getEffectiveLevel()))
+        threading.Thread(target=serve, args=(self._tensors, index, shard.infer, self.engine.run),
+                         name=f"infer-{index}", daemon=True).start()
+        threading.Thread(target=self._listen, args=(shard,), name=f"notices-{index}", daemon=True).start()
+        return shard
+
+    def _wait_ready(self, shard: Shard) -> None:
+        if not shard.ready.wait(START_S) or shard.gone:
+            raise WorkerError(f"prepare process {shard.index} (pid {shard.proc.pid}) did not start: see the log above")
+
+    def _listen(self, shard: Shard) -> None:
+        """Read one prepare process's messages until it closes or dies."""
+        while True:
+            try:
+                message = shard.control.recv()
+            except (EOFError, OSError):
+                break
+            if message[0] == "finished":
+                self._finished(shard, message[1], message[2])
+            elif message[0] == "ready":
+                shard.started = True
+                shard.ready.set()
+            elif message[0] == "closed":
+                shard.final = message[1]
+                shard.closed.set()
+        shard.gone = True
+        shard.ready.set()  # wakes whoever waits for it
+        shard.closed.set()
+        if shard.started and not self._closing and shard.final is None:  # one that never started fails the start
+            threading.Thread(target=self._replace, args=(shard,), name=f"replace-{shard.index}", daemon=True).start()
+
+    def _finished(self, shard: Shard, finished: list[tuple[int, str]], snapshot: Snapshot) -> None:
+        shard.snapshot = snapshot
+        self._sum_counts()
+        jobs = [(shard.in_flight.pop(seq), JobStatus(status)) for seq, status in finished if seq in shard.in_flight]
+        if jobs:
+            self._deaths = 0
+        with self._idle:
+            self._pending -= len(jobs)
+            self._idle.notify_all()
+        if self.on_finished is not None:
+            for job, status in jobs:
+                self.on_finished(job, status)
+
+    def _sum_counts(self) -> None:
+        snapshots = [*self._retired, *(s.snapshot for s in self._shards)]
+        for name in ("done", "failed", "skipped", "unread", "pages", "taken"):
+            setattr(self.counts, name, sum(getattr(s, name) for s in snapshots))
+
+    def _replace(self, dead: Shard) -> None:
+        """Start a successor for a prepare process that died and give it the dead one's jobs, one at a time."""
+        code = dead.proc.wait()
+        self._deaths += 1
+        log.error("prepare process %d (pid %d) died (%s) with %d image(s) in flight: starting another; each of "
+                  "them is tried again on its own, charged one attempt", dead.index, dead.proc.pid,
+                  f"signal {-code}" if code < 0 else f"exit code {code}", len(dead.in_flight))
+        if self._deaths > MAX_DEATHS:
+            log.critical("prepare processes keep dying with no image finished: stopping")
+            os._exit(70)
+        self._retired.append(dead.snapshot)  # its counts so far stay counted
+        shard = self._start(dead.index)
+        self._shards[dead.index] = shard
+        self._wait_ready(shard)
+        for seq, job in sorted(dead.in_flight.items()):
+            self._send(shard, seq, dataclasses.replace(job, take_over=True))
+            with self._idle:
+                self._idle.wait_for(lambda: seq not in shard.in_flight or shard.gone)
+            if shard.gone:
+                return  # its successor takes over what is left
+
+    def _send(self, shard: Shard, seq: int, job: Job) -> None:
+        shard.in_flight[seq] = job
+        try:
+            shard.send(("job", seq, job))
+        except OSError:  # it died meanwhile: its successor gets the job with the others it held
+            pass
+
+    # --- Pipeline's interface
+
+    def submit(self, job: Job, stop: threading.Event | None = None,
+               waiting: Callable[[], object] | None = None) -> bool:
+        """As `Pipeline.submit`: blocks while the prepare process the job falls to holds a full queue."""
+        index = zlib.crc32(job.rel.encode("utf-8", "surrogateescape")) % len(self._shards)
+        with self._idle:
+            self._pending += 1
+        while True:
+            with self._idle:
+                shard = self._shards[index]
+                if shard.ready.is_set() and not shard.gone and len(shard.in_flight) < self.settings.queue_size:
+                    self._seq += 1
+                    seq = self._seq
+                    break
+                self._idle.wait(0.2)
+            if waiting is not None:
+                waiting()
+            if stop is not None and stop.is_set() and (shard.snapshot.outbox_full or shard.snapshot.db_down):
+                with self._idle:  # not taken: it stays where it is for the next start
+                    self._pending -= 1
+                    self._idle.notify_all()
+                if self.on_finished is not None:
+                    self.on_finished(job, JobStatus.QUEUED)
+                return False
+        self._send(shard, seq, job)
+        return True
+
+    def wait_for_room(self, max_pending: int) -> None:
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending < max_pending)
+
+    def recover(self, root: Path) -> set[str]:
+        """As `Pipeline.recover`: the images a dead worker left in flight, one at a time."""
+        done: set[str] = set()
+        for text in self._ledger.in_flight():
+            rel = on_disk(root, text)
+            path = root / rel
+            if path.is_file() or path.is_symlink():
+                log.warning("%s was in flight when a worker stopped: processing it on its own first", text)
+                self.submit(dataclasses.replace(Job.from_path(root, path), take_over=True))
+                self.drain()
+                done.add(rel)
+        return done
+
+    def kept(self, rel: str, sig: tuple[int, int]) -> bool:
+        """Not known here: a kept input submitted again is found done by its file's stamp, unread."""
+        return False
+
+    def depth(self) -> int:
+        return self._pending
+
+    def drain(self, timeout: float | None = None) -> bool:
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout)
+
+    def abandon_waiting(self) -> int:
+        for shard in self._shards:
+            try:
+                shard.send(("abandon",))
+            except OSError:
+                pass
+        return 0
+
+    def finish_or_abandon(self, stop: threading.Event | None) -> None:
+        abandoned = False
+        while not self.drain(timeout=0.2):
+            if stop is not None and stop.is_set() and not abandoned:
+                self.abandon_waiting()
+                abandoned = True
+
+    def close(self) -> None:
+        """Each prepare process finishes what it holds and stops; then the sampler and the shared memory."""
+        self._closing = True
+        for shard in self._shards:
+            try:
+                shard.send(("close",))
+            except OSError:
+                pass
+        latencies = self.counts.latencies_ms
+        for shard in self._shards:
+            shard.closed.wait()
+            shard.proc.wait()
+            if (final := shard.final) is not None:
+                shard.snapshot = Snapshot(final.done, final.failed, final.skipped, final.unread, final.pages, final.taken)
+                for ms in final.latencies_ms.last():
+                    latencies.add(float(ms))
+                self.counts.earlier_outboxes.update(final.earlier_outboxes)
+        self._sum_counts()
+        self._sampler.stop()
+        self._ledger.close()
+        self._tensors.close()
+
+    def _kill_all(self) -> None:
+        self._closing = True
+        for shard in self._shards:
+            shard.proc.kill()
+            shard.proc.wait()
+        self._tensors.close()
+
+    def __enter__(self) -> "ProcessPipeline":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
