@@ -41,11 +41,13 @@ def make_corpus(folder: Path, samples: Path, n: int = N_IMAGES, bad: int = N_BAD
     return rels
 
 
-def write_config(tmp: Path) -> Path:
+def write_config(tmp: Path, processes: int = 0) -> Path:
+    """`processes`: pipeline.processes (0: chosen from the cores)."""
     conf = tmp / "config.yaml"
     conf.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
                     f"model: efficientnet-lite0\nmodels_dir: {ROOT / 'models'}\ncache_dir: {CACHE}\n"
-                    "pipeline: {max_attempts: 10}\nwatch: {settle_s: 0.2, rescan_interval_s: 1.0, create_inbox: true}\n"
+                    f"pipeline: {{max_attempts: 10, processes: {processes}}}\n"
+                    "watch: {settle_s: 0.2, rescan_interval_s: 1.0, create_inbox: true}\n"
                     "metrics: {memory_sample_s: 1.0}\n")
     return conf
 

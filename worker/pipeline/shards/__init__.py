@@ -72,6 +72,8 @@ class Shard:
         self.closed = threading.Event()
         self.snapshot = Snapshot()
         self.final: Counts | None = None
+        self.report: Counts | None = None  # its counts when last asked (`report`)
+        self.reported = threading.Event()
         self.started = False  # said it is ready
         self.gone = False
 
@@ -124,7 +126,10 @@ class ProcessPipeline:
         control_child.close()
         infer_child.close()
         shard = Shard(index, proc, Connection(control.detach()), Connection(infer.detach()))
-        settings = dataclasses.replace(self.settings, infer_workers=1, record_memory=False)
+        # a job is told finished once its outcome is committed (`keep` waits for that where `run` would not):
+        # a prepare process that dies then leaves no image told finished and not on record
+        settings = dataclasses.replace(self.settings, infer_workers=1, record_memory=False,
+                                       inputs=self.settings.inputs or "keep")
         shard.control.send(ShardSpec(index, self._tensors.count, self._shape, self._cfg, self.card, settings,
                                      self._info, self.recorder.run_id, tuple(self.engine.providers),
                                      logging.getLogger().getEffectiveLevel()))
@@ -149,6 +154,9 @@ class ProcessPipeline:
             elif message[0] == "ready":
                 shard.started = True
                 shard.ready.set()
+            elif message[0] == "report":
+                shard.report = message[1]
+                shard.reported.set()
             elif message[0] == "closed":
                 shard.final = message[1]
                 shard.closed.set()
@@ -274,6 +282,25 @@ class ProcessPipeline:
             if stop is not None and stop.is_set() and not abandoned:
                 self.abandon_waiting()
                 abandoned = True
+        self._gather_latencies()
+
+    def _gather_latencies(self) -> None:
+        """The prepare processes' latencies of their done images, into `counts` (for the summary)."""
+        reports = []
+        for shard in self._shards:
+            shard.reported.clear()
+            try:
+                shard.send(("report",))
+            except OSError:
+                continue
+            if shard.reported.wait(30) and shard.report is not None:
+                reports.append(shard.report)
+        window = type(self.counts.latencies_ms)()
+        for counts in reports:
+            for ms in counts.latencies_ms.last():
+                window.add(float(ms))
+            self.counts.earlier_outboxes = counts.earlier_outboxes + self.counts.earlier_outboxes
+        self.counts.latencies_ms = window
 
     def close(self) -> None:
         """Each prepare process finishes what it holds and stops; then the sampler and the shared memory."""
@@ -283,15 +310,11 @@ class ProcessPipeline:
                 shard.send(("close",))
             except OSError:
                 pass
-        latencies = self.counts.latencies_ms
         for shard in self._shards:
             shard.closed.wait()
             shard.proc.wait()
             if (final := shard.final) is not None:
                 shard.snapshot = Snapshot(final.done, final.failed, final.skipped, final.unread, final.pages, final.taken)
-                for ms in final.latencies_ms.last():
-                    latencies.add(float(ms))
-                self.counts.earlier_outboxes.update(final.earlier_outboxes)
         self._sum_counts()
         self._sampler.stop()
         self._ledger.close()

@@ -5,20 +5,21 @@ postprocess, outputs and database rows), its batches run by the inference proces
 
 It takes its orders on the control connection (a `ShardSpec` first, then jobs, `abandon` and
 `close`) and answers there: `ready`, then the finished jobs in small groups with its counts, and
-`closed` with its final counts. It dies with its parent, and ignores the signals that stop a worker:
-the inference process decides when it stops."""
+`closed` with its final counts. It ends at once when the inference process goes away (its
+connections close), and ignores the signals that stop a worker: the inference process decides when
+it stops."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
+import os
 import signal
 import sys
 import threading
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, NoReturn
 
 from worker.config import Config
 from worker.intake.jobs import Job, JobStatus
@@ -26,7 +27,7 @@ from worker.models.card import ModelCard
 from worker.outputs.outbox import Outbox
 from worker.pipeline import Pipeline
 from worker.pipeline.items import Settings
-from worker.pipeline.shards.tensors import RemoteEngine, SharedTensors
+from worker.pipeline.shards.tensors import EXIT_PARENT_GONE, RemoteEngine, SharedTensors
 from worker.store.db import database
 from worker.store.events import RunInfo
 from worker.store.recorder import Recorder
@@ -35,7 +36,6 @@ from worker.tasks import adapter_for
 log = logging.getLogger("worker.pipeline")
 
 NOTICE_S = 0.02  # finished jobs are told in groups gathered this long
-PR_SET_PDEATHSIG = 1
 
 
 @dataclass(frozen=True)
@@ -105,10 +105,10 @@ class Notices:
         self.flush()
 
 
-def die_with_parent() -> None:
-    """Linux: the kernel kills this process when its parent dies (a kill -9 of the worker leaves none behind)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def parent_gone() -> NoReturn:
+    """The inference process is gone (killed, crashed): end at once, as a crash of the whole worker would.
+    Its images in flight stay claimed, for the next start to recover; none is recorded as failed for it."""
+    os._exit(EXIT_PARENT_GONE)
 
 
 def serve(control: Connection, infer: Connection, tensors_fd: int) -> None:
@@ -136,7 +136,7 @@ def serve(control: Connection, infer: Connection, tensors_fd: int) -> None:
                 notices = Notices(control, lock, pipeline)
                 with lock:
                     control.send(("ready",))
-                _take_orders(control, pipeline, recorder, seqs)
+                _take_orders(control, lock, pipeline, recorder, seqs)
                 notices.stop()
             counts = pipeline.counts
         finally:
@@ -145,24 +145,27 @@ def serve(control: Connection, infer: Connection, tensors_fd: int) -> None:
         control.send(("closed", counts))
 
 
-def _take_orders(control: Connection, pipeline: Pipeline, recorder: Recorder, seqs: dict[int, int]) -> None:
+def _take_orders(control: Connection, lock: threading.Lock, pipeline: Pipeline, recorder: Recorder,
+                 seqs: dict[int, int]) -> None:
     while True:
         try:
             order: Any = control.recv()
-        except (EOFError, OSError):  # the inference process is gone: nothing more will come
-            return
+        except (EOFError, OSError):
+            parent_gone()
         if order[0] == "job":
             seqs[id(order[2])] = order[1]
             pipeline.submit(order[2])  # never blocks long: the inference process sends no more than the queue holds
         elif order[0] == "abandon":
             pipeline.abandon_waiting()
             recorder.abandon()
+        elif order[0] == "report":  # its latencies, for the run's summary
+            with lock:
+                control.send(("report", pipeline.counts))
         elif order[0] == "close":
             return
 
 
 def main(argv: list[str]) -> None:
-    die_with_parent()
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)
     handler = logging.StreamHandler(sys.stderr)

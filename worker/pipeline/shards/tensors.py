@@ -19,6 +19,7 @@ import numpy as np
 from worker.runtime.model_output import ModelOutput
 
 _BATCH = struct.Struct("<I")
+EXIT_PARENT_GONE = 75  # a prepare process's exit status when the inference process went away
 
 
 class SharedTensors:
@@ -67,8 +68,11 @@ class RemoteEngine:
         n = len(batch)
         with self._lock:
             self._tensors.region(self._index, n)[...] = batch
-            self._conn.send_bytes(_BATCH.pack(n))
-            head = self._conn.recv_bytes()
+            try:
+                self._conn.send_bytes(_BATCH.pack(n))
+                head = self._conn.recv_bytes()
+            except (EOFError, OSError):  # the inference process is gone: not this batch's fault
+                os._exit(EXIT_PARENT_GONE)
             if head[:1] == b"a":  # one array: its dtype and shape, then its bytes
                 dtype, shape = head[1:].decode().split(";")
                 dims = tuple(int(d) for d in shape.split(",") if d)

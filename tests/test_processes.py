@@ -1,0 +1,203 @@
+"""The pipeline over several processes (pipeline.processes): the same results as one process, a dead
+prepare process replaced with its images charged once, nothing left behind after kill -9 or Ctrl-C,
+memory counted over every process, and the session's process doing a bounded amount of work per image."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import wait_for
+from tests.support.crash import check_outcome, finished_rows, kill_rounds, make_corpus, start, write_config
+from worker.config import Config
+from worker.host.memory import take_sample
+from worker.service import run_folder
+
+SHARD = "worker.pipeline.shards"
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def _prepare_processes(pid: int) -> list[psutil.Process]:
+    try:
+        return [c for c in psutil.Process(pid).children(recursive=True) if SHARD in " ".join(c.cmdline())]
+    except psutil.NoSuchProcess:
+        return []
+
+
+def _results(outbox: Path) -> dict[str, list[tuple[str, float]]]:
+    return {p.relative_to(outbox).as_posix(): [(lab["name"], round(lab["score"], 5))
+                                              for lab in json.loads(p.read_text())["labels"]]
+            for p in sorted(outbox.rglob("*.json")) if not p.name.endswith(".error.json")}
+
+
+@pytest.mark.timeout(300)
+def test_processes_give_the_results_one_process_gives(tmp_path: Path, cfg: Config, samples: Path,
+                                                      effnet_onnx: Path) -> None:
+    folder = tmp_path / "in"
+    rels = make_corpus(folder, samples, n=40, bad=2)
+    figures = {}
+    for processes in (1, 3):
+        c = dataclasses.replace(cfg, model="efficientnet-lite0", outbox=tmp_path / f"out{processes}",
+                                db=f"sqlite:///{tmp_path}/p{processes}.db",
+                                pipeline=dataclasses.replace(cfg.pipeline, processes=processes))
+        figures[processes] = run_folder(c, folder).figures
+    assert figures[3]["done"] == figures[1]["done"] == 40 and figures[3]["failed"] == figures[1]["failed"] == 2
+    assert _results(tmp_path / "out3") == _results(tmp_path / "out1") and len(_results(tmp_path / "out3")) == 40
+    with sqlite3.connect(tmp_path / "p3.db") as db:
+        assert db.execute("select count(*), count(finished_at) from runs").fetchone() == (1, 1), "one run"
+        assert db.execute("select count(*) from images where status = 'done' and attempts = 1").fetchone()[0] == 40
+        assert db.execute("select count(*) from timings").fetchone()[0] == 42
+        assert db.execute("select count(*) from memory_samples").fetchone()[0] >= 2
+    assert figures[3]["p50"] > 0 and figures[3]["p99"] >= figures[3]["p50"] and len(rels) == 42
+
+
+@pytest.mark.timeout(400)
+def test_a_prepare_process_that_dies_is_replaced_and_its_images_charged(tmp_path: Path, samples: Path,
+                                                                        effnet_onnx: Path) -> None:
+    rels = make_corpus(tmp_path / "in", samples)
+    conf = write_config(tmp_path, processes=3)
+    db = tmp_path / "worker.db"
+    proc = start(conf, "run", str(tmp_path / "in"), "--no-progress")
+    try:
+        assert wait_for(lambda: finished_rows(db) >= 30, 120)
+        victims = _prepare_processes(proc.pid)
+        assert len(victims) == 2
+        victims[0].kill()  # as a decoder crashing on a poison file would
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert f"prepare process 0 (pid {victims[0].pid}) died (signal 9)" in err \
+        or f"prepare process 1 (pid {victims[0].pid}) died (signal 9)" in err, err
+    check_outcome(tmp_path, rels)
+    with sqlite3.connect(db) as c:
+        attempts = dict(c.execute("select attempts, count(*) from images group by attempts").fetchall())
+    assert set(attempts) <= {1, 2}, "an image in flight is charged once for the death, and only once"
+
+
+@pytest.mark.timeout(400)
+def test_kill_9_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, samples: Path,
+                                                               effnet_onnx: Path) -> None:
+    rels = make_corpus(tmp_path / "in", samples)
+    conf = write_config(tmp_path, processes=3)
+    shm = _shm()
+    seen: list[psutil.Process] = []
+    watching = threading.Event()
+
+    def note_children() -> None:  # the prepare processes of each start, to check that each is gone
+        while not watching.is_set():
+            for p in psutil.Process().children():
+                if "worker" in " ".join(p.cmdline()):
+                    seen.extend(c for c in _prepare_processes(p.pid) if c not in seen)
+            watching.wait(0.1)
+
+    t = threading.Thread(target=note_children, daemon=True)
+    t.start()
+    try:
+        killed = kill_rounds(conf, ["run", str(tmp_path / "in"), "--no-progress"], 3, random.Random(3))
+    finally:
+        watching.set()
+        t.join()
+    assert killed >= 2 and len(seen) >= 2 * killed
+    assert wait_for(lambda: not [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 10), \
+        "the prepare processes die with the worker"
+    assert _shm() == shm, "nothing left in /dev/shm"
+    proc = start(conf, "run", str(tmp_path / "in"), "--no-progress")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    check_outcome(tmp_path, rels)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("signals", [1, 2])
+def test_ctrl_c_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, samples: Path, effnet_onnx: Path,
+                                                               signals: int) -> None:
+    rels = make_corpus(tmp_path / "in", samples)
+    conf = write_config(tmp_path, processes=3)
+    conf.write_text(conf.read_text().replace("processes: 3", "processes: 3, queue_size: 500"))
+    shm = _shm()
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(tmp_path / "in"),
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path)
+    try:
+        assert wait_for(lambda: finished_rows(tmp_path / "worker.db") >= 20, 120)
+        children = _prepare_processes(proc.pid)
+        assert len(children) == 2
+        proc.send_signal(signal.SIGINT)
+        if signals == 2:
+            assert proc.stderr is not None
+            while (line := proc.stderr.readline()) and "finishing jobs in flight" not in line:
+                pass
+            proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == (0 if signals == 1 else 128 + signal.SIGINT)
+    assert wait_for(lambda: not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], 10)
+    assert _shm() == shm
+    rerun = start(conf, "run", str(tmp_path / "in"), "--no-progress")
+    _, err = rerun.communicate(timeout=300)
+    assert rerun.returncode == 0, err
+    check_outcome(tmp_path, rels)
+
+
+def test_memory_samples_count_the_child_processes() -> None:
+    """A leak in a prepare process shows in the samples: they add up the child processes' memory."""
+    child = subprocess.Popen([sys.executable, "-c", "import sys, time; b = bytearray(300 << 20); b[::4096] = "
+                              "b'x' * len(b[::4096]); print(1, flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "1"
+        alone, tree = take_sample(0, 0), take_sample(0, 0, tree=True)
+        assert tree.rss_bytes - alone.rss_bytes >= 300 << 20
+        assert tree.threads > alone.threads and tree.fds > alone.fds
+    finally:
+        child.kill()
+        child.wait()
+
+
+@pytest.mark.timeout(300)
+def test_the_session_process_does_a_bounded_number_of_python_calls_per_image(tmp_path: Path, cfg: Config,
+                                                                            samples: Path, effnet_onnx: Path) -> None:
+    """Its Python work per image is what limits how many prepare processes it feeds: counted in calls
+    (a count, not a timing), the difference between runs of 20 and 80 images, over its 60 more."""
+    counts = {}
+    for n in (20, 80):
+        folder = tmp_path / f"in{n}"
+        make_corpus(folder, samples, n=n, bad=0)
+        c = dataclasses.replace(cfg, model="efficientnet-lite0", outbox=tmp_path / f"out{n}",
+                                db=f"sqlite:///{tmp_path}/c{n}.db",
+                                pipeline=dataclasses.replace(cfg.pipeline, processes=2))
+        calls = [0]
+
+        def count(frame: object, event: str, arg: object) -> None:
+            if event == "call":
+                calls[0] += 1
+
+        threading.setprofile(count)
+        sys.setprofile(count)
+        try:
+            run_folder(c, folder)
+        finally:
+            sys.setprofile(None)
+            threading.setprofile(None)  # type: ignore[arg-type]
+        counts[n] = calls[0]
+    per_image = (counts[80] - counts[20]) / 60
+    print(f"Python calls per image in the session's process: {per_image:.0f}")
+    assert per_image < 150
