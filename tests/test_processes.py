@@ -165,39 +165,48 @@ def test_memory_samples_count_the_child_processes() -> None:
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "1"
         alone, tree = take_sample(0, 0), take_sample(0, 0, tree=True)
-        assert tree.rss_bytes - alone.rss_bytes >= 300 << 20
+        assert tree.rss_bytes - alone.rss_bytes >= 250 << 20  # its 300 MB, less what this process shares
         assert tree.threads > alone.threads and tree.fds > alone.fds
     finally:
         child.kill()
         child.wait()
 
 
+def _calls(cfg: Config, folder: Path, tag: str, processes: int) -> int:
+    """Python function calls in this process during a run over `folder` (every thread)."""
+    c = dataclasses.replace(cfg, model="efficientnet-lite0", outbox=folder.parent / f"out-{tag}",
+                            db=f"sqlite:///{folder.parent}/{tag}.db",
+                            pipeline=dataclasses.replace(cfg.pipeline, processes=processes))
+    calls = [0]
+
+    def count(frame: object, event: str, arg: object) -> None:
+        if event == "call":
+            calls[0] += 1
+
+    threading.setprofile(count)
+    sys.setprofile(count)
+    try:
+        run_folder(c, folder)
+    finally:
+        sys.setprofile(None)
+        threading.setprofile(None)  # type: ignore[arg-type]
+    return calls[0]
+
+
 @pytest.mark.timeout(300)
 def test_the_session_process_does_a_bounded_number_of_python_calls_per_image(tmp_path: Path, cfg: Config,
                                                                             samples: Path, effnet_onnx: Path) -> None:
     """Its Python work per image is what limits how many prepare processes it feeds: counted in calls
-    (a count, not a timing), the difference between runs of 20 and 80 images, over its 60 more."""
-    counts = {}
-    for n in (20, 80):
-        folder = tmp_path / f"in{n}"
+    (a count, not a timing) as the difference between runs of 20 and 80 images, after a first run
+    that imports what a run imports."""
+    folders = {n: tmp_path / f"in{n}" for n in (5, 20, 80)}
+    for n, folder in folders.items():
         make_corpus(folder, samples, n=n, bad=0)
-        c = dataclasses.replace(cfg, model="efficientnet-lite0", outbox=tmp_path / f"out{n}",
-                                db=f"sqlite:///{tmp_path}/c{n}.db",
-                                pipeline=dataclasses.replace(cfg.pipeline, processes=2))
-        calls = [0]
-
-        def count(frame: object, event: str, arg: object) -> None:
-            if event == "call":
-                calls[0] += 1
-
-        threading.setprofile(count)
-        sys.setprofile(count)
-        try:
-            run_folder(c, folder)
-        finally:
-            sys.setprofile(None)
-            threading.setprofile(None)  # type: ignore[arg-type]
-        counts[n] = calls[0]
-    per_image = (counts[80] - counts[20]) / 60
-    print(f"Python calls per image in the session's process: {per_image:.0f}")
-    assert per_image < 150
+    per_image = {}
+    for processes in (2, 1):
+        _calls(cfg, folders[5], f"warm{processes}", processes)
+        counts = {n: _calls(cfg, folders[n], f"p{processes}-{n}", processes) for n in (20, 80)}
+        per_image[processes] = (counts[80] - counts[20]) / 60
+    print(f"Python calls per image in the session's process: {per_image[2]:.0f} with a prepare process, "
+          f"{per_image[1]:.0f} in one process")
+    assert 0 < per_image[2] < 150 and per_image[2] * 3 < per_image[1]

@@ -1,6 +1,6 @@
 """What the pipeline around the model costs, with a stand-in model that costs nothing (not a test).
 
-    python tests/perf/feed.py [--images 2000] [--width 640] [--processes N] [--gil] [--repeat 1] [--json OUT]
+    python tests/perf/feed.py [--images 2000] [--width 640] [--processes N] [--gil SECONDS] [--repeat 1] [--json OUT]
                               [-- worker run options]
 
 Builds a classify card whose ONNX is GlobalAveragePool + Flatten + MatMul to 1,000 logits (224x224,
@@ -8,9 +8,9 @@ EfficientNet-Lite0's preprocessing) and a corpus of JPEGs from the sample images
 `worker run DIR --inputs keep` in a fresh process and prints images/s and the CPU per image of
 every process of the run together, and of its main process alone (the one holding the session: an
 upper bound of the time it holds the GIL, as far as it runs no native code), each with the wall time
-and CPU of a run over an empty folder (start-up) taken off. `--gil` samples the run with `py-spy record --gil --idle` (py-spy installed) and prints the
-GIL-held time per image of the main process (the one that holds the session), with that of the
-run over an empty folder taken off. Extra arguments after `--` go to `worker run`.
+and CPU of a run over an empty folder (start-up) taken off. `--gil SECONDS` attaches `py-spy record --gil` (py-spy installed) to
+the main process for that long once 200 images are done, and prints the time it held the GIL per
+image done in that window. Extra arguments after `--` go to `worker run`.
 The outputs stay in a temporary folder that is not deleted (see tests/perf/create_after_delete.py).
 """
 
@@ -55,51 +55,53 @@ def stand_in(models: Path) -> None:
     (folder / "model.yaml").write_text(CARD % ", ".join(f"c{i}" for i in range(1000)))
 
 
-def run(root: Path, inbox: Path, tag: str, extra: list[str], gil: bool) -> dict[str, float]:
+def run(root: Path, inbox: Path, tag: str, extra: list[str], gil_s: int = 0) -> dict[str, float]:
     outbox = root / f"out-{tag}"
     cmd = [sys.executable, "-m", "worker", "--config", str(root / "config.yaml"), "run", str(inbox),
            "--outbox", str(outbox), "--db", f"sqlite:///{root}/{tag}.db", "--inputs", "keep", *extra]
-    if gil:
-        cmd = ["py-spy", "record", "--gil", "--subprocesses", "--format", "raw", "-r", str(RATE),
-               "-o", str(root / f"{tag}.gil.txt"), "--", *cmd]
     t0 = time.perf_counter()
     ru0 = os.times()
     err = open(root / f"{tag}.log", "w+")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
-    main_cpu = 0.0
+    main_cpu, gil = 0.0, {}
     while proc.poll() is None:  # the main process's own CPU, read until it ends (its last 20 ms unread)
-        main_cpu = max(main_cpu, process_cpu_s(proc.pid, gil))
+        main_cpu = max(main_cpu, process_cpu_s(proc.pid))
+        if gil_s and not gil and outputs(outbox) >= 200:  # past start-up: sample a window of the steady run
+            gil = gil_held(proc.pid, outbox, gil_s, root / f"{tag}.gil.txt")
         time.sleep(0.02)
     ru1 = os.times()
     if proc.returncode != 0:
         err.seek(0)
         sys.exit(f"worker run failed:\n{err.read()[-3000:]}")
-    return {"wall_s": time.perf_counter() - t0, "main_cpu_s": main_cpu,
+    return {"wall_s": time.perf_counter() - t0, "main_cpu_s": main_cpu, **gil,
             "cpu_s": (ru1.children_user - ru0.children_user) + (ru1.children_system - ru0.children_system)}
 
 
-def process_cpu_s(pid: int, under_py_spy: bool) -> float:
-    """A process's CPU seconds (all its threads) from /proc; under py-spy, that of its child (the worker)."""
+def outputs(outbox: Path) -> int:
     try:
-        if under_py_spy:
-            pid = int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+        return sum(1 for e in os.scandir(outbox) if e.name.endswith(".json"))
+    except OSError:
+        return 0
+
+
+def gil_held(pid: int, outbox: Path, seconds: int, out: Path) -> dict[str, float]:
+    """py-spy attached to the main process for `seconds` of its steady run: the GIL-held samples per
+    image done meanwhile (the images counted by their outputs)."""
+    before = outputs(outbox)
+    subprocess.run(["py-spy", "record", "--pid", str(pid), "--gil", "--format", "raw", "-r", str(RATE),
+                    "--duration", str(seconds), "-o", str(out)], capture_output=True, check=True)
+    done = outputs(outbox) - before
+    samples = sum(int(line.rpartition(" ")[2]) for line in out.read_text().splitlines() if line)
+    return {"gil_ms_per_image": samples / RATE / max(1, done) * 1000, "gil_window_images": done}
+
+
+def process_cpu_s(pid: int) -> float:
+    """A process's CPU seconds (all its threads) from /proc."""
+    try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def gil_samples(path: Path) -> int:
-    """Samples of the main process (the one py-spy started) that held the GIL (py-spy's raw format:
-    a child process's stacks start with its parent's `process` frames)."""
-    total = 0
-    for line in path.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        if sum(f.startswith("process ") for f in frames) > 1:
-            continue  # a prepare process's
-        total += int(count)
-    return total
 
 
 def main() -> None:
@@ -107,7 +109,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=2000)
     ap.add_argument("--width", type=int, default=640)
     ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--gil", action="store_true")
+    ap.add_argument("--gil", type=int, default=0, metavar="SECONDS",
+                    help="attach py-spy --gil to the main process for this long once 200 images are done")
     ap.add_argument("--json")
     ap.add_argument("--processes", type=int, default=0, help="pipeline.processes (0: chosen from the cores)")
     args, extra = ap.parse_known_args()
@@ -122,16 +125,14 @@ def main() -> None:
     make_corpus(fetch_samples(default_cache_dir()), args.width, args.images, inbox)
     rows = []
     for i in range(args.repeat):
-        base = run(root, empty, f"empty{i}", extra, args.gil)
+        base = run(root, empty, f"empty{i}", extra)
         full = run(root, inbox, f"full{i}", extra, args.gil)
         row = {"images": args.images, "width": args.width, "processes": args.processes,
                "images_per_s": args.images / (full["wall_s"] - base["wall_s"]),
                "cpu_ms_per_image": (full["cpu_s"] - base["cpu_s"]) / args.images * 1000,
                "main_cpu_ms_per_image": (full["main_cpu_s"] - base["main_cpu_s"]) / args.images * 1000,
                "startup_cpu_s": base["cpu_s"], "startup_wall_s": base["wall_s"]}
-        if args.gil:
-            held = gil_samples(root / f"full{i}.gil.txt") - gil_samples(root / f"empty{i}.gil.txt")
-            row["gil_ms_per_image"] = held / RATE / args.images * 1000
+        row.update({k: full[k] for k in ("gil_ms_per_image", "gil_window_images") if k in full})
         rows.append(row)
         print(json.dumps(row))
     if args.json:

@@ -1,6 +1,7 @@
 """Where a `run_folder`'s CPU goes, thread by thread (not a test).
 
-    python tests/perf/thread_cpu.py [--model efficientnet-lite0] [--width 640] [--images 1200]
+    python tests/perf/thread_cpu.py [--model efficientnet-lite0] [--width 640] [--images 1200] [--processes 1]
+                                    [--max-batch 0] [--models-dir DIR]
 
 Builds a corpus of JPEGs from the demo images (as `worker bench` does), runs an in-process
 `run_folder` over it with the default config, and prints milliseconds of CPU per image for each kind
@@ -47,12 +48,18 @@ def main() -> None:
     ap.add_argument("--model", default="efficientnet-lite0")
     ap.add_argument("--width", type=int, default=640)
     ap.add_argument("--images", type=int, default=1200)
+    ap.add_argument("--processes", type=int, default=1, help="pipeline.processes: the threads counted are this process's")
+    ap.add_argument("--max-batch", type=int, default=0, help="pipeline.max_batch (0: the default)")
+    ap.add_argument("--models-dir", type=Path, help="another folder of cards (tests/perf/feed.py makes a stand-in's)")
     args = ap.parse_args()
     cfg = config.load(None)
     work = Path(tempfile.mkdtemp(prefix="worker-thread-cpu-"))
     corpus = work / "corpus"
     make_corpus(fetch_samples(cfg.cache_dir), args.width, args.images, corpus)
-    cfg = dataclasses.replace(cfg, model=args.model, outbox=work / "out", db=f"sqlite:///{work}/worker.db")
+    cfg = dataclasses.replace(cfg, model=args.model, outbox=work / "out", db=f"sqlite:///{work}/worker.db",
+                              models_dir=args.models_dir or cfg.models_dir,
+                              pipeline=dataclasses.replace(cfg.pipeline, processes=args.processes,
+                                                           max_batch=args.max_batch))
 
     last: dict[int, tuple[str, tuple[float, int, int]]] = {}  # native thread id -> (name, thread_cpu_s so far)
     main_cpu = time.thread_time()

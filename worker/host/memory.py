@@ -56,13 +56,15 @@ def release_free_heap() -> None:
 
 def take_sample(queue_depth: int, images_done: int, gpu_bytes: int | None = None, tree: bool = False) -> Sample:
     """This process's RSS, open files and threads; with `tree`, summed over it and its child processes
-    (the prepare processes: a leak in one of them shows in the samples like one in this process)."""
+    (the prepare processes: a leak in one of them shows in the samples like one in this process), their
+    memory as their proportional share (PSS) where the system tells it: the libraries and the shared
+    tensors they all map count once, not once per process."""
     me = psutil.Process()
     rss = fds = threads = 0
     for proc in [me, *(me.children(recursive=True) if tree else [])]:
         try:
             with proc.oneshot():
-                rss += proc.memory_info().rss
+                rss += (_pss(proc.pid) if tree else None) or proc.memory_info().rss
                 threads += proc.num_threads()
                 try:
                     fds += proc.num_fds()
@@ -72,6 +74,18 @@ def take_sample(queue_depth: int, images_done: int, gpu_bytes: int | None = None
             continue
     return Sample(rss_bytes=rss, fds=fds, threads=threads, queue_depth=queue_depth, images_done=images_done,
                   gpu_bytes=gpu_bytes)
+
+
+def _pss(pid: int) -> int | None:
+    """A process's proportional set size in bytes (Linux 4.14+: /proc/PID/smaps_rollup), else None."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 class MemorySampler:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import os
 import time
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -37,5 +38,19 @@ class Job:
 
     @classmethod
     def from_path(cls, root: Path, path: Path) -> "Job":
-        st = path.stat()
-        return cls(path=path, rel=path.relative_to(root).as_posix(), size=st.st_size, mtime_ns=st.st_mtime_ns)
+        st = os.stat(path)
+        text, top = os.fspath(path), os.fspath(root).rstrip(os.sep)
+        if os.sep == "/" and text.startswith(top + "/"):  # pathlib's relative_to costs 4x the stat, per image
+            rel = text[len(top) + 1:]
+        else:
+            rel = path.relative_to(root).as_posix()
+        return cls(path=path, rel=rel, size=st.st_size, mtime_ns=st.st_mtime_ns)
+
+    def as_tuple(self) -> tuple[str, str, int, int, float, bool]:
+        """The job as plain values, for another process (a tuple pickles in a fraction of a dataclass's time)."""
+        return os.fspath(self.path), self.rel, self.size, self.mtime_ns, self.enqueued_at, self.take_over
+
+    @classmethod
+    def from_tuple(cls, values: tuple[str, str, int, int, float, bool]) -> "Job":
+        path, rel, size, mtime_ns, enqueued_at, take_over = values
+        return cls(Path(path), rel, size, mtime_ns, enqueued_at, take_over)

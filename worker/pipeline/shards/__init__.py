@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import queue
 import socket
 import subprocess
 import sys
@@ -51,6 +52,7 @@ log = logging.getLogger("worker.pipeline")
 # about 1,000 images/s, more than that many cores decode (docs/performance.md)
 PROCESSES_FROM_CORES = 6
 PREPARE_PROCESS_THREADS = 2  # decode threads in each prepare process
+SEND_GROUP = 256  # jobs sent in one message at most
 START_S = 300.0  # a prepare process has this long to say it is ready (it imports, connects, warms up)
 MAX_DEATHS = 5  # a prepare process dying this often in a row, with no image finished between: stop
 
@@ -104,6 +106,9 @@ class ProcessPipeline:
                         accepted_digests(card, False) | accepted_digests(card, True), "")
         self._ledger = Ledger(db, card.name, recorder.root, done)
         self._shards: list[Shard] = []
+        self._outgoing: queue.SimpleQueue[Any] = queue.SimpleQueue()  # (shard, seq, job) to send; None: stop
+        self._sender = threading.Thread(target=self._send_loop, name="send-jobs", daemon=True)
+        self._sender.start()
         try:
             self._shards = [self._start(i) for i in range(processes)]
             for shard in self._shards:
@@ -207,10 +212,30 @@ class ProcessPipeline:
 
     def _send(self, shard: Shard, seq: int, job: Job) -> None:
         shard.in_flight[seq] = job
-        try:
-            shard.send(("job", seq, job))
-        except OSError:  # it died meanwhile: its successor gets the job with the others it held
-            pass
+        self._outgoing.put((shard, seq, job))
+
+    def _send_loop(self) -> None:
+        """Send the jobs submitted, each process's in one message per wake-up: under load the jobs that
+        came meanwhile go together (one pickling, one system call), alone a job goes at once."""
+        while True:
+            waiting = [self._outgoing.get()]
+            while len(waiting) < SEND_GROUP:
+                try:
+                    waiting.append(self._outgoing.get_nowait())
+                except queue.Empty:
+                    break
+            groups: dict[Shard, list[tuple[int, tuple[str, str, int, int, float, bool]]]] = {}
+            for entry in waiting:
+                if entry is not None:
+                    shard, seq, job = entry
+                    groups.setdefault(shard, []).append((seq, job.as_tuple()))
+            for shard, jobs in groups.items():
+                try:
+                    shard.send(("jobs", jobs))
+                except OSError:  # it died meanwhile: its successor gets the jobs with the others it held
+                    pass
+            if None in waiting:
+                return
 
     # --- Pipeline's interface
 
@@ -305,6 +330,8 @@ class ProcessPipeline:
     def close(self) -> None:
         """Each prepare process finishes what it holds and stops; then the sampler and the shared memory."""
         self._closing = True
+        self._outgoing.put(None)
+        self._sender.join()
         for shard in self._shards:
             try:
                 shard.send(("close",))

@@ -152,9 +152,11 @@ def _take_orders(control: Connection, lock: threading.Lock, pipeline: Pipeline, 
             order: Any = control.recv()
         except (EOFError, OSError):
             parent_gone()
-        if order[0] == "job":
-            seqs[id(order[2])] = order[1]
-            pipeline.submit(order[2])  # never blocks long: the inference process sends no more than the queue holds
+        if order[0] == "jobs":
+            for seq, values in order[1]:
+                job = Job.from_tuple(values)
+                seqs[id(job)] = seq
+                pipeline.submit(job)  # never blocks long: the inference process sends no more than the queue holds
         elif order[0] == "abandon":
             pipeline.abandon_waiting()
             recorder.abandon()
