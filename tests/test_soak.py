@@ -174,3 +174,32 @@ def test_a_soak_never_touches_another_runs_outputs_or_history(tmp_path: Path, se
                         (["--outbox", str(tmp_path / "out")], "holds other outputs, which a soak would overwrite")):
         out = r.invoke(cli, ["--config", str(conf), "soak", "--duration", "2s", "--images", str(folder), *given])
         assert isinstance(out.exception, ConfigError) and said in str(out.exception), (given, out.output)
+
+
+LEAK_IN_PREPARE_PROCESS = """
+import sys, threading, time
+if "worker.pipeline.shards" in sys.orig_argv:  # only in the worker's prepare processes
+    kept = []
+    def leak():
+        while True:
+            kept.append(b"x" * (100 * 1024))  # written: its pages count
+            time.sleep(0.02)
+    threading.Thread(target=leak, daemon=True).start()
+"""
+
+
+@pytest.mark.timeout(400)
+def test_a_leak_in_a_prepare_process_fails_the_soak(setup, tmp_path: Path, monkeypatch) -> None:
+    """The samples add up every process of the worker: a prepare process that leaks fails the soak
+    as the session's process would; the same soak without the leak passes."""
+    conf, folder, driver = setup
+    conf.write_text(conf.read_text() + "pipeline: {processes: 2}\n")
+    clean = _soak(setup, 0)
+    assert clean["passed"], clean
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(LEAK_IN_PREPARE_PROCESS)
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    leaky = _soak(setup, 0)
+    assert not leaky["passed"] and "RSS grows" in leaky["failures"][0], leaky
+    assert leaky["rss_end_mb"] - leaky["rss_start_mb"] > 5

@@ -332,6 +332,7 @@ class ProcessPipeline:
         self._closing = True
         self._outgoing.put(None)
         self._sender.join()
+        self._sampler.stop()  # its last sample while every process is there: the end state, not a drop
         for shard in self._shards:
             try:
                 shard.send(("close",))
@@ -343,7 +344,6 @@ class ProcessPipeline:
             if (final := shard.final) is not None:
                 shard.snapshot = Snapshot(final.done, final.failed, final.skipped, final.unread, final.pages, final.taken)
         self._sum_counts()
-        self._sampler.stop()
         self._ledger.close()
         self._tensors.close()
 
