@@ -31,11 +31,25 @@ def _shm() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+def _cmdline(p: psutil.Process) -> str:
+    try:
+        return " ".join(p.cmdline())
+    except psutil.Error:  # ended (or a zombie) meanwhile
+        return ""
+
+
 def _prepare_processes(pid: int) -> list[psutil.Process]:
     try:
-        return [c for c in psutil.Process(pid).children(recursive=True) if SHARD in " ".join(c.cmdline())]
-    except psutil.NoSuchProcess:
+        return [c for c in psutil.Process(pid).children(recursive=True) if SHARD in _cmdline(c)]
+    except psutil.Error:
         return []
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def _results(outbox: Path) -> dict[str, list[tuple[str, float]]]:
@@ -102,7 +116,7 @@ def test_kill_9_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, s
     def note_children() -> None:  # the prepare processes of each start, to check that each is gone
         while not watching.is_set():
             for p in psutil.Process().children():
-                if "worker" in " ".join(p.cmdline()):
+                if "worker" in _cmdline(p):
                     seen.extend(c for c in _prepare_processes(p.pid) if c not in seen)
             watching.wait(0.1)
 
@@ -114,8 +128,7 @@ def test_kill_9_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, s
         watching.set()
         t.join()
     assert killed >= 2 and len(seen) >= 2 * killed
-    assert wait_for(lambda: not [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE], 10), \
-        "the prepare processes die with the worker"
+    assert wait_for(lambda: not [p for p in seen if _alive(p)], 10), "the prepare processes die with the worker"
     assert _shm() == shm, "nothing left in /dev/shm"
     proc = start(conf, "run", str(tmp_path / "in"), "--no-progress")
     _, err = proc.communicate(timeout=300)
@@ -149,7 +162,7 @@ def test_ctrl_c_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, s
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == (0 if signals == 1 else 128 + signal.SIGINT)
-    assert wait_for(lambda: not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE], 10)
+    assert wait_for(lambda: not [c for c in children if _alive(c)], 10)
     assert _shm() == shm
     rerun = start(conf, "run", str(tmp_path / "in"), "--no-progress")
     _, err = rerun.communicate(timeout=300)
@@ -210,3 +223,38 @@ def test_the_session_process_does_a_bounded_number_of_python_calls_per_image(tmp
     print(f"Python calls per image in the session's process: {per_image[2]:.0f} with a prepare process, "
           f"{per_image[1]:.0f} in one process")
     assert 0 < per_image[2] < 150 and per_image[2] * 3 < per_image[1]
+
+
+@pytest.mark.timeout(300)
+def test_an_instance_segmenter_s_paired_outputs_and_overlays_come_out_the_same(tmp_path: Path, cfg: Config) -> None:
+    """Outputs that are not one array (boxes' rows and prototype masks) cross the processes pickled; the
+    decoded image travels with its item for the overlay: the same files as in one process."""
+    import cv2
+    import numpy as np
+
+    from tests.support.onnx_models import card_file, quadrant_segmenter
+
+    models, images = tmp_path / "models", tmp_path / "images"
+    images.mkdir()
+    folder = card_file(models, "quad", "task: detect\ninput: {name: images, size: [32, 48]}\n"
+                                        "preprocess: {color: rgb, resize: letterbox, mean: [0, 0, 0], "
+                                        "std: [255, 255, 255]}\n"
+                                        "postprocess: {output: output0, masks: output1, layout: yolov8, "
+                                        "threshold: 0.5}\nlabels: [part, scratch]")
+    quadrant_segmenter(folder / "quad.onnx", "yolov8")
+    for level in (255, 20, 130):
+        cv2.imwrite(str(images / f"level{level}.png"), np.full((64, 96, 3), level, np.uint8))
+    outs = {}
+    for processes in (1, 3):
+        out = tmp_path / f"out{processes}"
+        c = dataclasses.replace(cfg, model="quad", models_dir=models, outbox=out, db=f"sqlite:///{tmp_path}/q{processes}.db",
+                                outputs=dataclasses.replace(cfg.outputs, overlays=True),
+                                pipeline=dataclasses.replace(cfg.pipeline, processes=processes))
+        assert run_folder(c, images).figures["done"] == 3
+        outs[processes] = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert sorted(outs[3]) == sorted(outs[1]) and len(outs[3]) == 9  # JSON, mask PNG, overlay each
+    for name, data in outs[1].items():
+        if name.endswith(".json"):
+            assert json.loads(outs[3][name])["boxes"] == json.loads(data)["boxes"], name
+        else:
+            assert outs[3][name] == data, name

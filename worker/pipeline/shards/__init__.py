@@ -52,6 +52,7 @@ log = logging.getLogger("worker.pipeline")
 # about 1,000 images/s, more than that many cores decode (docs/performance.md)
 PROCESSES_FROM_CORES = 6
 PREPARE_PROCESS_THREADS = 2  # decode threads in each prepare process
+STATUSES = {s.value: s for s in JobStatus}
 SEND_GROUP = 256  # jobs sent in one message at most
 START_S = 300.0  # a prepare process has this long to say it is ready (it imports, connects, warms up)
 MAX_DEATHS = 5  # a prepare process dying this often in a row, with no image finished between: stop
@@ -66,7 +67,7 @@ def default_processes(cores: int | None = None) -> int:
 class Shard:
     """The inference process's handle on one prepare process: its connections, its jobs in flight."""
 
-    def __init__(self, index: int, proc: subprocess.Popen[bytes], control: Connection, infer: Connection) -> None:
+    def __init__(self, index: int, proc: subprocess.Popen[bytes], control: Connection, infer: socket.socket) -> None:
         self.index, self.proc, self.control, self.infer = index, proc, control, infer
         self.lock = threading.Lock()  # one sender at a time on the control connection
         self.in_flight: dict[int, Job] = {}  # sequence number -> job sent, not yet finished
@@ -130,7 +131,7 @@ class ProcessPipeline:
                                 pass_fds=fds, stdin=subprocess.DEVNULL)
         control_child.close()
         infer_child.close()
-        shard = Shard(index, proc, Connection(control.detach()), Connection(infer.detach()))
+        shard = Shard(index, proc, Connection(control.detach()), infer)
         # a job is told finished once its outcome is committed (`keep` waits for that where `run` would not):
         # a prepare process that dies then leaves no image told finished and not on record
         settings = dataclasses.replace(self.settings, infer_workers=1, record_memory=False,
@@ -174,7 +175,7 @@ class ProcessPipeline:
     def _finished(self, shard: Shard, finished: list[tuple[int, str]], snapshot: Snapshot) -> None:
         shard.snapshot = snapshot
         self._sum_counts()
-        jobs = [(shard.in_flight.pop(seq), JobStatus(status)) for seq, status in finished if seq in shard.in_flight]
+        jobs = [(shard.in_flight.pop(seq), STATUSES[status]) for seq, status in finished if seq in shard.in_flight]
         if jobs:
             self._deaths = 0
         with self._idle:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 from collections import deque
@@ -111,7 +112,7 @@ def parent_gone() -> NoReturn:
     os._exit(EXIT_PARENT_GONE)
 
 
-def serve(control: Connection, infer: Connection, tensors_fd: int) -> None:
+def serve(control: Connection, infer: socket.socket, tensors_fd: int) -> None:
     spec: ShardSpec = control.recv()
     logging.getLogger().setLevel(spec.log_level)
     tensors = SharedTensors(tensors_fd, spec.count, spec.shape)
@@ -175,5 +176,5 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("alembic").setLevel(logging.WARNING)
     control_fd, infer_fd, tensors_fd = (int(a) for a in argv)
-    serve(Connection(control_fd), Connection(infer_fd), tensors_fd)
+    serve(Connection(control_fd), socket.socket(fileno=infer_fd), tensors_fd)
 
