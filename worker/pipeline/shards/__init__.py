@@ -37,6 +37,7 @@ from worker.host.memory import MemorySampler
 from worker.host.names import on_disk
 from worker.intake.jobs import Job, JobStatus
 from worker.models.card import ModelCard, accepted_digests
+from worker.pipeline.archive import InputArchive
 from worker.pipeline.items import Counts, Settings
 from worker.pipeline.shards.shard import ShardSpec, Snapshot
 from worker.pipeline.shards.tensors import SharedTensors, serve
@@ -102,7 +103,9 @@ class ProcessPipeline:
         self._seq = 0
         self._closing = False
         self._deaths = 0
-        self._retired: list[Snapshot] = []  # the last counts of prepare processes that died
+        self._retired: list[Snapshot] = []
+        # inputs processed and kept in the inbox (watch, `inputs: keep`): intake need not submit them again
+        self._kept = InputArchive("keep", None) if settings.inputs == "keep" else None  # the last counts of prepare processes that died
         done = WhatDone(recorder.model_sha256, accepted_digests(card, settings.all_pages),
                         accepted_digests(card, False) | accepted_digests(card, True), "")
         self._ledger = Ledger(db, card.name, recorder.root, done)
@@ -181,6 +184,10 @@ class ProcessPipeline:
         with self._idle:
             self._pending -= len(jobs)
             self._idle.notify_all()
+        if self._kept is not None:
+            for job, status in jobs:
+                if status is not JobStatus.QUEUED:
+                    self._kept.archive(job, status, (0, job.size, job.mtime_ns))
         if self.on_finished is not None:
             for job, status in jobs:
                 self.on_finished(job, status)
@@ -284,8 +291,9 @@ class ProcessPipeline:
         return done
 
     def kept(self, rel: str, sig: tuple[int, int]) -> bool:
-        """Not known here: a kept input submitted again is found done by its file's stamp, unread."""
-        return False
+        """As `Pipeline.kept`, by the (size, mtime_ns) intake saw: an input changed since is submitted
+        again, and found done by its file's stamp, unread, when its content is the one processed."""
+        return self._kept is not None and self._kept.kept(rel, sig)
 
     def depth(self) -> int:
         return self._pending
