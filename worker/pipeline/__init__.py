@@ -79,7 +79,8 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
                         accepted_digests(card, False) | accepted_digests(card, True), as_text(str(outbox.root)))
         self._ledger = Ledger(db, card.name, recorder.root, done)
         # moves, deletes or keeps each input once its outcome is committed (None: run leaves inputs alone)
-        self._inputs = InputArchive(settings.inputs, settings.archive) if settings.inputs is not None else None
+        self._inputs = InputArchive(settings.inputs, settings.archive, settings.remember_kept) \
+            if settings.inputs is not None else None
         self._pending = 0
         self._idle = threading.Condition()
         # the outbox's disk is full: intake pauses, and the images that could not be written wait

@@ -51,8 +51,9 @@ def _remember(memory: OrderedDict[str, Signature], rel: str, sig: Signature, bou
 class InputArchive:
     """Moves, deletes or keeps finished inputs (one thread calls `archive`; any thread may ask)."""
 
-    def __init__(self, mode: Literal["move", "delete", "keep"], root: Path | None) -> None:
+    def __init__(self, mode: Literal["move", "delete", "keep"], root: Path | None, remember_kept: bool = True) -> None:
         self.mode, self.root = mode, root  # root: needed by move and delete
+        self._remember_kept = remember_kept
         self._lock = threading.Lock()  # guards the three memories below
         self._archived: OrderedDict[str, Signature] = OrderedDict()
         # done or failed on record, only the move failed: each rescan leaves them unread, and unlogged,
@@ -82,7 +83,7 @@ class InputArchive:
     def archive(self, job: Job, status: JobStatus, read_as: Identity | None) -> None:
         """Move, delete or keep job's input; `read_as` is its identity when it was read (None: never read)."""
         if self.mode == "keep":
-            if read_as is not None:
+            if read_as is not None and self._remember_kept:
                 with self._lock:
                     _remember(self._kept, job.rel, read_as[1:], KEPT_REMEMBERED)
             return

@@ -50,6 +50,9 @@ class Settings:
     all_pages: bool = False  # every page of a multi-page file (pipeline.pages: all), not only its first
     # record memory samples (a prepare process does not: the inference process samples all of them)
     record_memory: bool = True
+    # with inputs "keep", remember the inputs kept (a prepare process under `run` keeps them only to wait
+    # for each commit: nothing asks it which were kept)
+    remember_kept: bool = True
 
 
 @dataclass

@@ -103,9 +103,9 @@ class ProcessPipeline:
         self._seq = 0
         self._closing = False
         self._deaths = 0
-        self._retired: list[Snapshot] = []
+        self._retired: list[Snapshot] = []  # the last counts of prepare processes that died
         # inputs processed and kept in the inbox (watch, `inputs: keep`): intake need not submit them again
-        self._kept = InputArchive("keep", None) if settings.inputs == "keep" else None  # the last counts of prepare processes that died
+        self._kept = InputArchive("keep", None) if settings.inputs == "keep" else None
         done = WhatDone(recorder.model_sha256, accepted_digests(card, settings.all_pages),
                         accepted_digests(card, False) | accepted_digests(card, True), "")
         self._ledger = Ledger(db, card.name, recorder.root, done)
@@ -138,7 +138,8 @@ class ProcessPipeline:
         # a job is told finished once its outcome is committed (`keep` waits for that where `run` would not):
         # a prepare process that dies then leaves no image told finished and not on record
         settings = dataclasses.replace(self.settings, infer_workers=1, record_memory=False,
-                                       inputs=self.settings.inputs or "keep")
+                                       inputs=self.settings.inputs or "keep",
+                                       remember_kept=self.settings.inputs == "keep")
         shard.control.send(ShardSpec(index, self._tensors.count, self._shape, self._cfg, self.card, settings,
                                      self._info, self.recorder.run_id, tuple(self.engine.providers),
                                      logging.getLogger().getEffectiveLevel()))
