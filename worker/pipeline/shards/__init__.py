@@ -7,8 +7,8 @@ Each prepare process runs the thread pipeline (worker/pipeline) with its batches
 (`tensors.RemoteEngine`), its own database writer, and writes into this process's run. This process
 keeps the session, sends each job to the process its path falls to (one image is never in two
 processes at once), and holds no more jobs in flight per process than its queue takes. Per image it
-only sends the job, runs its batch and reads its notice: its Python work stays far below the
-prepare processes', so it feeds as many of them as the host has cores.
+only sends the job, runs its batch and reads its notice: a fifth of the Python calls the whole
+pipeline makes in one process (tests/test_processes.py counts them).
 
 A prepare process that dies (a decoder crashing on a poison file) is replaced; the jobs it held go
 to its successor one at a time, each claim charging an attempt as a crash of the whole worker does,
