@@ -468,8 +468,11 @@ def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, sam
         shutil.copy(samples / "page.png", folder / f"p{i}.png")
         with open(folder / f"p{i}.png", "ab") as f:
             f.write(bytes([i]))  # distinct content
+    # SIGINT's default disposition: a test run started in the background (`pytest &`) ignores it, and the
+    # worker rightly keeps an ignored signal ignored
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
-                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert wait_for(lambda: list((tmp_path / "outbox").glob("*.json")), 60)
         proc.send_signal(signal.SIGINT)

@@ -144,9 +144,11 @@ def test_ctrl_c_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, s
     conf = write_config(tmp_path, processes=3)
     conf.write_text(conf.read_text().replace("processes: 3", "processes: 3, queue_size: 500"))
     shm = _shm()
+    # SIGINT's default disposition: a test run started in the background (`pytest &`) ignores it, and the
+    # worker rightly keeps an ignored signal ignored
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(tmp_path / "in"),
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+                            cwd=tmp_path, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert wait_for(lambda: finished_rows(tmp_path / "worker.db") >= 20, 120)
         children = _prepare_processes(proc.pid)
