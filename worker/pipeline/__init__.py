@@ -47,9 +47,28 @@ from worker.pipeline.pages import PagesStage
 from worker.pipeline.prepare import MAX_BYTES_PER_PIXEL, PrepareStage
 from worker.pipeline.warmup import WARM_UP_WAIT_S, synthetic_jpeg, warm_up_stages
 
-__all__ = ["Counts", "Pipeline", "Settings", "summarize", "warm_up_stages"]
+__all__ = ["Counts", "Pipeline", "Settings", "recover_in_flight", "summarize", "warm_up_stages"]
 
 log = logging.getLogger(__name__)
+
+
+def recover_in_flight(ledger: Ledger, root: Path, submit: Callable[[Job], object],
+                      drain: Callable[[], object]) -> set[str]:
+    """Submit the images a dead worker left in flight, one at a time, and wait for each.
+
+    Each crash counts an attempt against every image in flight; alone, a file that crashes the
+    worker again is the only one charged, so it reaches quarantine without taking its neighbours
+    with it. Returns the relative paths it submitted."""
+    done: set[str] = set()
+    for text in ledger.in_flight():
+        rel = on_disk(root, text)
+        path = root / rel
+        if path.is_file() or path.is_symlink():  # a symlink is refused by the claim step, on record
+            log.warning("%s was in flight when a worker stopped: processing it on its own first", text)
+            submit(dataclasses.replace(Job.from_path(root, path), take_over=True))
+            drain()
+            done.add(rel)
+    return done
 
 
 def _ignore(_sample: object) -> None:
@@ -176,21 +195,8 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
             self._idle.wait_for(lambda: self._pending < max_pending)
 
     def recover(self, root: Path) -> set[str]:
-        """Submit the images a dead worker left in flight, one at a time, and wait for each.
-
-        Each crash counts an attempt against every image in flight; alone, a file that crashes the
-        worker again is the only one charged, so it reaches quarantine without taking its neighbours
-        with it. Returns the relative paths it submitted."""
-        done: set[str] = set()
-        for text in self._ledger.in_flight():
-            rel = on_disk(root, text)
-            path = root / rel
-            if path.is_file() or path.is_symlink():  # a symlink is refused by the claim step, on record
-                log.warning("%s was in flight when a worker stopped: processing it on its own first", text)
-                self.submit(dataclasses.replace(Job.from_path(root, path), take_over=True))
-                self.drain()
-                done.add(rel)
-        return done
+        """The images a dead worker left in flight, one at a time (`recover_in_flight`)."""
+        return recover_in_flight(self._ledger, root, self.submit, self.drain)
 
     @property
     def outbox_full(self) -> bool:

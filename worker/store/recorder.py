@@ -83,7 +83,8 @@ class Recorder(EventWrites):
         self._closing = False  # set by close(): no more gathering, whatever is queued
         self._thread = threading.Thread(target=self._loop, name="recorder", daemon=True)
         self._thread.start()
-        self._checkpointer = WalCheckpointer(engine) if self._sqlite else None
+        # one checkpointer per database: the run's owner's (a prepare process's recorder writes into its run)
+        self._checkpointer = WalCheckpointer(engine) if self._sqlite and self._owns_run else None
 
     def _create_run(self, info: RunInfo) -> int:
         with Session(self.engine) as s, s.begin():

@@ -34,9 +34,9 @@ from sqlalchemy import Engine as DbEngine
 from worker.config import Config
 from worker.errors import WorkerError
 from worker.host.memory import MemorySampler
-from worker.host.names import on_disk
 from worker.intake.jobs import Job, JobStatus
 from worker.models.card import ModelCard, accepted_digests
+from worker.pipeline import recover_in_flight
 from worker.pipeline.archive import InputArchive
 from worker.pipeline.items import Counts, Settings
 from worker.pipeline.shards.shard import ShardSpec, Snapshot
@@ -279,17 +279,8 @@ class ProcessPipeline:
             self._idle.wait_for(lambda: self._pending < max_pending)
 
     def recover(self, root: Path) -> set[str]:
-        """As `Pipeline.recover`: the images a dead worker left in flight, one at a time."""
-        done: set[str] = set()
-        for text in self._ledger.in_flight():
-            rel = on_disk(root, text)
-            path = root / rel
-            if path.is_file() or path.is_symlink():
-                log.warning("%s was in flight when a worker stopped: processing it on its own first", text)
-                self.submit(dataclasses.replace(Job.from_path(root, path), take_over=True))
-                self.drain()
-                done.add(rel)
-        return done
+        """The images a dead worker left in flight, one at a time (`recover_in_flight`)."""
+        return recover_in_flight(self._ledger, root, self.submit, self.drain)
 
     def kept(self, rel: str, sig: tuple[int, int]) -> bool:
         """As `Pipeline.kept`, by the (size, mtime_ns) intake saw: an input changed since is submitted
@@ -352,7 +343,7 @@ class ProcessPipeline:
             shard.closed.wait()
             shard.proc.wait()
             if (final := shard.final) is not None:
-                shard.snapshot = Snapshot(final.done, final.failed, final.skipped, final.unread, final.pages, final.taken)
+                shard.snapshot = Snapshot.of(final)
         self._sum_counts()
         self._ledger.close()
         self._tensors.close()

@@ -27,7 +27,7 @@ from worker.intake.jobs import Job, JobStatus
 from worker.models.card import ModelCard
 from worker.outputs.outbox import Outbox
 from worker.pipeline import Pipeline
-from worker.pipeline.items import Settings
+from worker.pipeline.items import Counts, Settings
 from worker.pipeline.shards.tensors import EXIT_PARENT_GONE, RemoteEngine, SharedTensors
 from worker.store.db import database
 from worker.store.events import RunInfo
@@ -69,9 +69,8 @@ class Snapshot:
     db_down: bool = False
 
     @classmethod
-    def of(cls, pipeline: Pipeline) -> "Snapshot":
-        c = pipeline.counts
-        return cls(c.done, c.failed, c.skipped, c.unread, c.pages, c.taken, pipeline.outbox_full, pipeline.recorder.down)
+    def of(cls, c: Counts, outbox_full: bool = False, db_down: bool = False) -> "Snapshot":
+        return cls(c.done, c.failed, c.skipped, c.unread, c.pages, c.taken, outbox_full, db_down)
 
 
 class Notices:
@@ -94,7 +93,8 @@ class Notices:
 
     def flush(self) -> None:
         finished = [self._finished.popleft() for _ in range(len(self._finished))]
-        snap = Snapshot.of(self._pipeline)
+        p = self._pipeline
+        snap = Snapshot.of(p.counts, p.outbox_full, p.recorder.down)
         if finished or snap != self._last:
             with self._lock:
                 self._conn.send(("finished", finished, snap))
@@ -112,7 +112,8 @@ def parent_gone() -> NoReturn:
     os._exit(EXIT_PARENT_GONE)
 
 
-def serve(control: Connection, infer: socket.socket, tensors_fd: int) -> None:
+def run(control: Connection, infer: socket.socket, tensors_fd: int) -> None:
+    """Build this process's part of the pipeline from the spec sent first, then take orders until `close`."""
     spec: ShardSpec = control.recv()
     logging.getLogger().setLevel(spec.log_level)
     tensors = SharedTensors(tensors_fd, spec.count, spec.shape)
@@ -176,5 +177,5 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, handlers=[handler])
     logging.getLogger("alembic").setLevel(logging.WARNING)
     control_fd, infer_fd, tensors_fd = (int(a) for a in argv)
-    serve(Connection(control_fd), socket.socket(fileno=infer_fd), tensors_fd)
+    run(Connection(control_fd), socket.socket(fileno=infer_fd), tensors_fd)
 
