@@ -260,3 +260,40 @@ def test_an_instance_segmenter_s_paired_outputs_and_overlays_come_out_the_same(t
             assert json.loads(outs[3][name])["boxes"] == json.loads(data)["boxes"], name
         else:
             assert outs[3][name] == data, name
+
+
+POISON = """
+import os, sys
+if "worker.pipeline.shards" in sys.orig_argv:  # a prepare process dies processing poison.jpg, past its claim
+    def die_on_poison(event, args):
+        if event == "open" and isinstance(args[0], (str, bytes, os.PathLike)) and \
+                ".tmp-poison.jpg.json" in os.fsdecode(args[0]):  # writing its results: its claim is on record
+            os._exit(1)
+    sys.addaudithook(die_on_poison)
+"""
+
+
+@pytest.mark.timeout(400)
+def test_a_file_that_kills_its_prepare_process_every_time_is_quarantined_alone(tmp_path: Path, samples: Path,
+                                                                             effnet_onnx: Path) -> None:
+    """As a decoder crashing on a poison file would: each death charges it once more, and its successor
+    also dies on it, until its claim quarantines it; the images in flight beside it are done once."""
+    rels = make_corpus(tmp_path / "in", samples, n=40, bad=0)
+    (tmp_path / "in" / "poison.jpg").write_bytes((tmp_path / "in" / rels[0]).read_bytes() + b"\0")
+    conf = write_config(tmp_path, processes=2)
+    conf.write_text(conf.read_text().replace("max_attempts: 10", "max_attempts: 3"))
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(POISON)
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(tmp_path / "in"),
+                             "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(site)})
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert err.count("prepare process 0") == 3, "it died on the file once per attempt"
+    with sqlite3.connect(tmp_path / "worker.db") as c:
+        rows = {r[0]: r[1:] for r in c.execute("select rel_path, status, attempts, error from images")}
+    status, attempts, error = rows.pop("poison.jpg")
+    assert (status, attempts) == ("failed", 3) and error.startswith("quarantined after 3 attempts"), error
+    assert sorted(rows) == sorted(rels)
+    assert all(status == "done" and attempts <= 2 for status, attempts, _ in rows.values()), rows

@@ -56,7 +56,7 @@ PREPARE_PROCESS_THREADS = 2  # decode threads in each prepare process
 STATUSES = {s.value: s for s in JobStatus}
 SEND_GROUP = 256  # jobs sent in one message at most
 START_S = 300.0  # a prepare process has this long to say it is ready (it imports, connects, warms up)
-MAX_DEATHS = 5  # a prepare process dying this often in a row, with no image finished between: stop
+MAX_DEATHS = 5  # prepare processes dying this often in a row beyond max_attempts, no image finished: stop
 
 
 def default_processes(cores: int | None = None) -> int:
@@ -205,19 +205,22 @@ class ProcessPipeline:
         log.error("prepare process %d (pid %d) died (%s) with %d image(s) in flight: starting another; each of "
                   "them is tried again on its own, charged one attempt", dead.index, dead.proc.pid,
                   f"signal {-code}" if code < 0 else f"exit code {code}", len(dead.in_flight))
-        if self._deaths > MAX_DEATHS:
+        # a poison file kills its process at most max_attempts times before its claim quarantines it
+        if self._deaths > self.settings.max_attempts + MAX_DEATHS:
             log.critical("prepare processes keep dying with no image finished: stopping")
             os._exit(70)
         self._retired.append(dead.snapshot)  # its counts so far stay counted
         shard = self._start(dead.index)
+        owed = sorted(dead.in_flight.items())
+        shard.in_flight.update(owed)  # its own from now on: should it die too, its successor gets them all
         self._shards[dead.index] = shard
         self._wait_ready(shard)
-        for seq, job in sorted(dead.in_flight.items()):
+        for seq, job in owed:
             self._send(shard, seq, dataclasses.replace(job, take_over=True))
             with self._idle:
                 self._idle.wait_for(lambda: seq not in shard.in_flight or shard.gone)
             if shard.gone:
-                return  # its successor takes over what is left
+                return
 
     def _send(self, shard: Shard, seq: int, job: Job) -> None:
         shard.in_flight[seq] = job
