@@ -131,6 +131,16 @@ class SoakConfig:
 
 
 @dataclass(frozen=True)
+class FleetConfig:
+    # queue: workers on several hosts share folders through the database's claim queue (PostgreSQL only);
+    # local: one host (the inbox lock, the local scan); auto: queue on PostgreSQL, local on SQLite
+    mode: Literal["auto", "queue", "local"] = "auto"
+    lease_s: float = field(default=60.0, metadata=_POSITIVE)  # a claim's lease; renewed 4 times per span
+    scan_s: float = field(default=5.0, metadata=_POSITIVE)  # the scanner lists the folder this often
+    poll_s: float = field(default=1.0, metadata=_POSITIVE)  # an idle worker looks for claimable rows this often
+
+
+@dataclass(frozen=True)
 class Config:
     inbox: Path = Path("var/inbox")
     outbox: Path = Path("var/outbox")
@@ -147,6 +157,7 @@ class Config:
     outputs: OutputConfig = field(default_factory=OutputConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     soak: SoakConfig = field(default_factory=SoakConfig)
+    fleet: FleetConfig = field(default_factory=FleetConfig)
     source: Path | None = field(default=None, metadata={"internal": True})  # the file it came from
 
     def with_overrides(self, **changes: Any) -> "Config":

@@ -33,7 +33,12 @@ from worker.outputs.outbox import Outbox, output_rel
 from worker.outputs.files import remove_temporaries
 from worker.pipeline import Pipeline, Settings, summarize, warm_up_stages
 from worker.pipeline.shards import PREPARE_PROCESS_THREADS, ProcessPipeline, default_processes
+from worker.fleet import uses_queue
+from worker.fleet.feeder import feed_folder, feed_inbox
+from worker.fleet.leases import Leases
+from worker.fleet.queue import ClaimQueue
 from worker.status import StatusLog
+from worker.store.shared import SharedConnection
 from worker.store.db import database, sqlite_file
 from worker.store.queries import other_roots
 from worker.store.events import RunInfo
@@ -152,10 +157,11 @@ def ready_model(cfg: Config, card: ModelCard) -> ReadyModel:
 @contextmanager
 def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None = None,
                   on_finished: Callable[[Job, JobStatus], None] | None = None,
-                  replay: bool = False) -> Iterator[Pipeline | ProcessPipeline]:
+                  replay: bool = False, fleet: bool = False) -> Iterator[Pipeline | ProcessPipeline]:
     """Card, database, model (pulled, loaded, warmed up), recorder, outbox and pipeline, closed in order.
 
-    `inputs`: what becomes of each input once its outcome is committed (None: nothing, nor any wait)."""
+    `inputs`: what becomes of each input once its outcome is committed (None: nothing, nor any wait).
+    `fleet`: claims from the database's queue (`pipeline.leases`), on two connections, in one process."""
     cfg = dataclasses.replace(cfg, outbox=cfg.outbox.absolute())  # as recorded: see _warn_shared_outbox
     archive = _archive(cfg, inputs)
     card = find_card(cfg.models_dir, cfg.model)  # a mistyped model name: refused before any folder is made
@@ -168,7 +174,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
         card, engine, adapter, onnx, max_batch = model.card, model.engine, model.adapter, model.onnx, model.max_batch
         _warn_shared_outbox(db, cfg.outbox, root)
         p = cfg.pipeline
-        processes = p.processes or default_processes()
+        processes = 1 if fleet else p.processes or default_processes()
         auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
         if processes > 1:  # each prepare process's threads: two decode, one sending its batches here
             auto_decode = PREPARE_PROCESS_THREADS
@@ -188,6 +194,8 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
                        card_sha256=settings_digest(card, settings.all_pages), providers=",".join(engine.providers),
                        config=cfg.as_dict())
         recorder = Recorder(db, info)
+        shared = SharedConnection(db) if fleet else None
+        leases = Leases(ClaimQueue(shared, recorder.run_id, card.name, info.root, cfg.fleet.lease_s)) if shared else None
         try:
             o = cfg.outputs
             outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors, pages=settings.all_pages)
@@ -200,10 +208,14 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
                     yield shards
             else:
                 with Pipeline(card=card, engine=engine, adapter=adapter, recorder=recorder, outbox=outbox,
-                              db=db, settings=settings, on_finished=on_finished) as pipeline:
+                              db=db, settings=settings, on_finished=on_finished, leases=leases,
+                              shared=shared) as pipeline:
                     yield pipeline
         finally:
             recorder.close()
+            if leases is not None and shared is not None:  # after the recorder: its outcomes are written first
+                leases.close()
+                shared.close()
 
 
 def _summary(cfg: Config, pipeline: Pipeline | ProcessPipeline, mode: str, seconds: float) -> Summary:
@@ -234,9 +246,13 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
     inputs = None if cfg.inputs.run == "keep" else cfg.inputs.run  # keep: no input stage, no commit waits
     # an overnight run has no status line: a disk running low is logged at once and every few minutes
     disks = DiskAlarm(_disks(cfg, inputs), RUN_DISK_CHECK_S, time.monotonic)
-    with open_pipeline(cfg, "run", folder, inputs, on_finished=finished) as pipeline:
+    fleet = uses_queue(cfg)
+    with open_pipeline(cfg, "run", folder, inputs, on_finished=finished, fleet=fleet) as pipeline:
         t0 = time.perf_counter()
-        recovered = pipeline.recover(folder)
+        if pipeline.leases is not None:  # this host's share of the folder, through the claim queue
+            feed_folder(cfg, folder, pipeline, pipeline.leases, stop or threading.Event(), disks.tick)
+            paths = iter(())
+        recovered = pipeline.recover(folder) if not fleet else set()
         for path in paths:
             disks.tick()
             if stop is not None and stop.is_set():
@@ -269,6 +285,8 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
                   "(each is read once per start)", inbox)
     # before the locks: an outbox that is the inbox would otherwise be said to be another watcher's
     _refuse_inside(cfg, inbox, _archive(cfg, cfg.inputs.watch))
+    if uses_queue(cfg):  # several watchers on one inbox, on as many hosts: the claim queue shares it out
+        return _watch(cfg, inbox, stop, burst, on_finished, ready, fleet=True)
     with inbox_lock(inbox), outbox_lock(cfg.outbox, inbox):
         return _watch(cfg, inbox, stop, burst, on_finished, ready)
 
@@ -292,7 +310,8 @@ def _check_inbox(cfg: Config, inbox: Path) -> None:
 
 
 def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
-           on_finished: Callable[[Job, JobStatus], None] | None, ready: threading.Event | None) -> Summary:
+           on_finished: Callable[[Job, JobStatus], None] | None, ready: threading.Event | None,
+           fleet: bool = False) -> Summary:
     intake: Intake | None = None
 
     def finished(job: Job, status: JobStatus) -> None:
@@ -301,9 +320,10 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
         if on_finished is not None:
             on_finished(job, status)
 
-    with open_pipeline(cfg, "watch", inbox, cfg.inputs.watch, on_finished=finished) as pipeline:
+    with open_pipeline(cfg, "watch", inbox, cfg.inputs.watch, on_finished=finished, fleet=fleet) as pipeline:
         t0 = time.perf_counter()
-        pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
+        if not fleet:
+            pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
         disks = _disks(cfg, cfg.inputs.watch)
         if (low := disks.check()) is not None:  # said at start too: the first status line is minutes away
             log.warning("%s", low)
@@ -316,6 +336,9 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
                 watched.check()
             status.tick()
 
+        if pipeline.leases is not None:
+            feed_inbox(cfg, inbox, pipeline, pipeline.leases, stop, burst, ready, status.tick)
+            return _summary(cfg, pipeline, "watch", time.perf_counter() - t0)
         intake = Intake(inbox, cfg.extensions, cfg.watch.settle_s, cfg.watch.rescan_interval_s,
                         lambda job: pipeline.submit(job, stop, waiting=check),
                         done=pipeline.kept if cfg.inputs.watch == "keep" else None,

@@ -25,35 +25,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 from worker.config import default_cache_dir
 from worker.measure.bench.corpus import make_corpus
 from worker.measure.samples import fetch_samples
-from worker.models.onnx_graph import GraphBuilder
+from tests.support.stand_in import stand_in
 
 RATE = 250  # py-spy samples per second
-
-CARD = """name: stand-in
-onnx: stand-in.onnx
-task: classify
-input: {name: input, size: [224, 224], dynamic_batch: true}
-preprocess: {color: rgb, resize: shorter-crop, resize_shorter: 256, mean: [127, 127, 127], std: [128, 128, 128]}
-postprocess: {output: logits, top_k: 5}
-labels: [%s]
-"""
-
-
-def stand_in(models: Path) -> None:
-    folder = models / "stand-in"
-    folder.mkdir(parents=True, exist_ok=True)
-    g = GraphBuilder()
-    flat = g.node("Flatten", [g.node("GlobalAveragePool", ["input"])], axis=1)
-    w = np.random.default_rng(0).standard_normal((3, 1000)).astype(np.float32)
-    out = g.node("MatMul", [flat, g.const(w)], name="logits")
-    g.save(folder / "stand-in.onnx", "input", ["N", 3, 224, 224], [(out, ["N", 1000])], "stand-in")
-    (folder / "model.yaml").write_text(CARD % ", ".join(f"c{i}" for i in range(1000)))
-
 
 def run(root: Path, inbox: Path, tag: str, extra: list[str], gil_s: int = 0) -> dict[str, float]:
     outbox = root / f"out-{tag}"

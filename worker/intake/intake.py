@@ -74,6 +74,11 @@ class Intake:
             if self._inflight.get(job.rel) == (job.size, job.mtime_ns):
                 del self._inflight[job.rel]
 
+    def pending(self) -> int:
+        """Files seen and not yet taken (settling, or held as cut short)."""
+        with self._lock:
+            return len(self._pending)
+
     def held(self) -> int:
         """Files waiting because they look cut short (see `_held`), for the status line."""
         with self._lock:

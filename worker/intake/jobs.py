@@ -30,6 +30,8 @@ class Job:
     enqueued_at: float = field(default_factory=time.perf_counter, compare=False, hash=False)
     # recovery of an image a dead worker left `processing`: its claim takes the row over (see Claimed)
     take_over: bool = field(default=False, compare=False, hash=False)
+    # fleet mode: (queue row, generation) of this worker's claim on the file (worker.fleet.queue)
+    ticket: tuple[int, int] | None = field(default=None, compare=False, hash=False)
 
     @cached_property
     def key(self) -> str:

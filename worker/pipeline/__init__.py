@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from sqlalchemy import Engine as DbEngine
 
+from worker.fleet.leases import Leases
 from worker.pipeline.archive import InputArchive
 from worker.runtime.engine import Engine
 from worker.runtime.gpu import GpuMemory
@@ -37,6 +38,7 @@ from worker.outputs.outbox import Outbox
 from worker.pipeline.pause import FullOutboxPause
 from worker.store.ledger import Ledger, WhatDone
 from worker.store.recorder import Recorder
+from worker.store.shared import SharedConnection
 from worker.tasks import TaskAdapter
 from worker.tasks.preprocess import needed_size
 from worker.pipeline.archive import ArchiveStage
@@ -80,8 +82,11 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
 
     def __init__(self, *, card: ModelCard, engine: Engine, adapter: TaskAdapter, recorder: Recorder,
                  outbox: Outbox, db: DbEngine, settings: Settings,
-                 on_finished: Callable[[Job, JobStatus], None] | None = None) -> None:
+                 on_finished: Callable[[Job, JobStatus], None] | None = None,
+                 leases: Leases | None = None, shared: SharedConnection | None = None) -> None:
+        """Fleet mode: `leases` fences each claimed file's outputs; `shared`, the connection its skip checks use."""
         self.card, self.engine, self.adapter = card, engine, adapter
+        self.leases = leases
         self.recorder, self.outbox, self.settings = recorder, outbox, settings
         self.on_finished = on_finished
         self.counts = Counts()
@@ -96,7 +101,7 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
         # what counts as done (the one-page digests: a file of one page, whatever pipeline.pages says)
         done = WhatDone(recorder.model_sha256, accepted_digests(card, settings.all_pages),
                         accepted_digests(card, False) | accepted_digests(card, True), as_text(str(outbox.root)))
-        self._ledger = Ledger(db, card.name, recorder.root, done)
+        self._ledger = Ledger(db, card.name, recorder.root, done, shared)
         # moves, deletes or keeps each input once its outcome is committed (None: run leaves inputs alone)
         self._inputs = InputArchive(settings.inputs, settings.archive, settings.remember_kept) \
             if settings.inputs is not None else None

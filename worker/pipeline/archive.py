@@ -28,6 +28,7 @@ KEPT_REMEMBERED = 200_000  # inputs kept in the inbox by configuration (about 30
 # a move that fails with one of these fails again at the next rescan: remembered, said once
 _STUCK_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
 from worker.pipeline.items import STOP
+from worker.store.events import LEASE_LOST
 from worker.pipeline.state import StageState
 
 
@@ -136,7 +137,8 @@ class ArchiveStage(StageState):
             # only once its row is durable: a crash before never loses the image; an outcome the
             # database refused leaves the input in the inbox, where the next rescan offers it again
             if committed is not None and not committed.wait():
-                log.error("%s: its outcome could not be recorded: left in the inbox", job.key)
+                if committed.taken_by != LEASE_LOST:  # else its new owner moves it (logged by the recorder)
+                    log.error("%s: its outcome could not be recorded: left in the inbox", job.key)
                 self._done(job, status)
                 continue
             try:

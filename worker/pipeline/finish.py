@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -11,7 +12,7 @@ from typing import Any
 from worker.errors import OutboxFull, WorkerError
 from worker.intake.jobs import Job, JobStatus
 from worker.tasks.results import labels_of, top_score
-from worker.store.events import Commit, Finished
+from worker.store.events import Commit, Finished, Settled
 from worker.pipeline.items import Item, STOP, WAKE
 from worker.pipeline.state import StageState
 
@@ -29,8 +30,10 @@ class FinishStage(StageState):
         while (item := self._inferred.get()) is not STOP:
             if item.book is not None and (item := self._gather_page(item)) is None:
                 continue  # a page of a file whose other pages are still on their way
-            if item.taken:  # nothing recorded, nothing archived: the other worker does both
+            if item.taken or self._lease_lost(item):  # nothing recorded, nothing archived: the other worker does both
                 self.counts.taken += 1
+                if item.taken and item.job.ticket is not None:  # its content done by another: this claim ends
+                    self.recorder.put(Settled(item.job.ticket))
                 self._done(item.job, JobStatus.PROCESSING)
                 continue
             try:
@@ -45,7 +48,19 @@ class FinishStage(StageState):
             else:
                 self._to_archive.put((item.job, status, committed, item.identity))
 
+    def _lease_lost(self, item: Item) -> bool:
+        """Fleet mode: whether the file's claim passed to another worker while this one processed it (the
+        fence before any output is written; the recorder's fences the outcome)."""
+        ticket = item.job.ticket
+        if ticket is None or self.leases is None or self.leases.holds(ticket):
+            return False
+        log.warning("%s: its claim passed to another worker while it was processed here (this worker's lease ran "
+                    "out): nothing written here, the other worker's outcome stands", item.job.key)
+        return True
+
     def _done(self, job: Job, status: JobStatus) -> None:
+        if job.ticket is not None and self.leases is not None:
+            self.leases.settled(job.ticket)
         with self._idle:
             self._pending -= 1
             self._idle.notify_all()
@@ -58,7 +73,11 @@ class FinishStage(StageState):
         if item.skipped:
             self.counts.skipped += 1
             self.counts.unread += item.unread
-            return JobStatus.DONE, None
+            if job.ticket is None:
+                return JobStatus.DONE, None
+            settled = Settled(job.ticket, committed=self._committed())
+            self.recorder.put(settled)
+            return JobStatus.DONE, settled.committed
         event: Finished
         t0 = time.perf_counter()
         if item.error is None and (item.book is not None or (item.output is not None and item.geometry is not None)):
@@ -77,6 +96,8 @@ class FinishStage(StageState):
             self._write_error(item)
             event = Finished(job.key, item.sha256, item.size, JobStatus.FAILED, error=item.error,
                              timings=self._timings(item), committed=self._committed())
+        if job.ticket is not None:
+            event = dataclasses.replace(event, ticket=job.ticket)
         self.recorder.put(event)
         status = event.status
         if status is JobStatus.DONE:
@@ -128,7 +149,8 @@ class FinishStage(StageState):
         counted), its input stays where it is, and it waits with intake paused until there is room."""
         job = item.job
         self.recorder.put(Finished(job.key, item.sha256, item.size, JobStatus.QUEUED,
-                                   error=f"waiting for room in the outbox ({reason})", undo_attempt=True))
+                                   error=f"waiting for room in the outbox ({reason})", undo_attempt=True,
+                                   ticket=job.ticket))
         self._outbox_pause.defer(job, reason)
         for _ in range(self.settings.decode_workers):  # a decode thread blocked on an empty queue
             try:

@@ -8,6 +8,7 @@ import threading
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
+    from worker.fleet.leases import Leases
     from worker.pipeline.archive import InputArchive
     from worker.runtime.engine import Engine
     from worker.intake.jobs import Job, JobStatus
@@ -30,6 +31,7 @@ class StageState:
     settings: Settings
     on_finished: Callable[[Job, JobStatus], None] | None
     counts: Counts
+    leases: Leases | None  # fleet mode: this worker's claims, asked before a claimed file's outputs are written
     _jobs: queue.Queue[Any]  # submit -> prepare
     _prepared: queue.Queue[Any]  # prepare -> infer
     _inferred: queue.Queue[Any]  # infer (and failures of prepare) -> finish

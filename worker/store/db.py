@@ -52,7 +52,9 @@ def make_engine(url: str) -> Engine:
         raise StoreError(f"database URL {url!r}: SQLite and PostgreSQL are supported, not {u.get_backend_name()}")
     if u.get_backend_name() != "sqlite":
         try:
-            return create_engine(url, pool_pre_ping=True)
+            # two connections held per worker (the recorder's, and one shared by claims and skip checks,
+            # worker.store.shared); others are brief and closed on return (docs/database.md#fleet)
+            return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8)
         except (ImportError, NoSuchModuleError) as e:
             raise StoreError(f"database URL {url!r}: its driver is not installed ({e}); for PostgreSQL: "
                              f"pip install -e '.[postgres]' and postgresql+psycopg://USER@HOST/DBNAME") from None
@@ -255,6 +257,11 @@ def downgrade(engine: Engine, revision: str) -> None:
         raise StoreError(f"database {engine.url}: migration down to {revision} failed: {_driver_words(e)}") from e
 
 
+def backend_of(url: str) -> str:
+    """sqlite or postgresql (or what else the URL names, refused when opened)."""
+    return _parse(url).get_backend_name()
+
+
 def sqlite_file(url: str) -> Path | None:
     """The file of a SQLite URL (None for another database, or SQLite in memory)."""
     u = _parse(url)
@@ -367,6 +374,19 @@ def database_wide(error: BaseException) -> bool:
     one event (a constraint, a bad value): PEP 249's OperationalError or InterfaceError, as the driver
     raised it (the recorder's compiled statements) or wrapped by SQLAlchemy."""
     orig = getattr(error, "orig", None) or error
+    if transient(error):  # an OperationalError in psycopg, yet no outage: retried at once (see transient)
+        return False
     if str(getattr(orig, "sqlstate", None) or "").startswith("54"):  # PostgreSQL's "program limit exceeded":
         return False  # an OperationalError there, yet one event's (a path too long for the index), not the server's
     return any(c.__name__ in ("OperationalError", "InterfaceError") for c in (*type(error).__mro__, *type(orig).__mro__))
+
+
+# PostgreSQL's serialization_failure and deadlock_detected: the transaction lost a race with another
+# worker's and is to be run again at once (after a short, jittered pause), not waited for as an outage
+TRANSIENT_SQLSTATES = ("40001", "40P01")
+
+
+def transient(error: BaseException) -> bool:
+    """Whether the error is a lost race (serialization failure, deadlock), as the driver or SQLAlchemy raised it."""
+    orig = getattr(error, "orig", None) or error
+    return str(getattr(orig, "sqlstate", None) or "") in TRANSIENT_SQLSTATES

@@ -24,13 +24,18 @@ class RunInfo:
     card_sha256: str = ""  # models.card.settings_digest ("": none recorded)
 
 
+# Commit.taken_by of a fleet finish fenced off: its claim passed to another worker, whose outcome stands
+LEASE_LOST = 0
+
+
 class Commit:
     """Set by the recorder once an event's transaction has ended; `wait()` says whether it is recorded."""
 
     def __init__(self) -> None:
         self._ended = threading.Event()
         self._recorded = False
-        self.taken_by: int | None = None  # a claim: the run of another live worker that holds the image
+        # a claim: the run of another live worker that holds the image; a fleet finish: LEASE_LOST
+        self.taken_by: int | None = None
 
     def set(self, recorded: bool = True, taken_by: int | None = None) -> None:
         self._recorded, self.taken_by = recorded, taken_by
@@ -83,6 +88,16 @@ class Finished:
     timings: dict[str, float] | None = None
     committed: Commit | None = None
     undo_attempt: bool = False  # queued again through no fault of its own (outbox full): not an attempt
+    # fleet mode: (queue row, generation) of the claim; the outcome is written only while that claim holds
+    ticket: tuple[int, int] | None = None
+
+
+@dataclass(frozen=True, eq=False)
+class Settled:
+    """Fleet mode: a claimed file needed no processing (found done by its content): its queue row is done."""
+
+    ticket: tuple[int, int]
+    committed: Commit | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +122,7 @@ class Sample:
     at: datetime = field(default_factory=utcnow)
 
 
-Event = Union[Claimed, Finished, StampRenewed, Sample]
+Event = Union[Claimed, Finished, StampRenewed, Sample, Settled]
 
 
 def describe(event: Event) -> str:
@@ -117,4 +132,6 @@ def describe(event: Event) -> str:
         return f"the outcome of {event.rel} ({event.status.value})"
     if isinstance(event, StampRenewed):
         return f"the file stamp of {event.rel}"
+    if isinstance(event, Settled):
+        return f"the end of queue row {event.ticket[0]}'s claim"
     return "a memory sample"

@@ -22,6 +22,7 @@ from worker.host.processes import is_gone
 from worker.intake.jobs import JobStatus
 from worker.store.db import database_wide
 from worker.store.schema import ImageRow, Run
+from worker.store.shared import SharedConnection
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,11 @@ class Decision:
 
 
 class Ledger:
-    def __init__(self, engine: Engine, model: str, root: str = "", done: WhatDone | None = None) -> None:
+    def __init__(self, engine: Engine, model: str, root: str = "", done: WhatDone | None = None,
+                 shared: SharedConnection | None = None) -> None:
+        """`shared`: check on that one connection (fleet mode) instead of one per decode thread."""
         self.engine, self.model, self.root = engine, model, root
+        self._shared = shared
         self.done = done
         self._sql = {name: _compiled(stmt, engine) for name, stmt in (("content", _LOOKUP), ("stamp", _BY_STAMP))}
         self._local = threading.local()
@@ -153,6 +157,8 @@ class Ledger:
         """Open the calling thread's connection now, ahead of its first check: a decode thread calls
         this as it starts, so its first image does not pay for opening one. A database that cannot be
         reached now is tried again at that first check, which says why."""
+        if self._shared is not None:
+            return
         try:
             self._connection()
         except Exception as e:  # only a head start: never the end of the thread that asked
@@ -161,11 +167,21 @@ class Ledger:
 
     def _lookup(self, which: str, rel: str, params: dict[str, Any]) -> Known | None:
         sql, order = self._sql[which]
+        values = tuple(params[k] for k in order) if order else params
+        if self._shared is not None:
+            try:
+                rows = self._shared.run(sql, values)
+            except Exception as e:
+                if not database_wide(e):
+                    raise
+                log.debug("ledger check of %s: the database cannot say (%s)", rel, e)
+                return None
+            return Known(*rows[0]) if rows else None
         try:
             conn = self._connection()
             cur = conn.cursor()
             try:
-                cur.execute(sql, tuple(params[k] for k in order) if order else params)
+                cur.execute(sql, values)
                 row = cur.fetchone()
             finally:
                 cur.close()

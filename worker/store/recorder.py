@@ -25,8 +25,10 @@ from sqlalchemy.orm import Session
 
 from worker import __version__
 from worker.host.durations import span_text
-from worker.store.db import database_wide
-from worker.store.events import Claimed, Commit, Event, Finished, StampRenewed, RunInfo, Sample, describe
+from worker.store.db import database_wide, transient
+from worker.store.shared import TRANSIENT_TRIES, transient_pause
+from worker.store.events import (LEASE_LOST, Claimed, Commit, Event, Finished, RunInfo, Sample, Settled,
+                                 StampRenewed, describe)
 from worker.store.wal import WalCheckpointer, reason
 from worker.store.writes import EventWrites
 from worker.store.schema import Run, utcnow
@@ -34,7 +36,7 @@ from worker.store.schema import Run, utcnow
 
 log = logging.getLogger(__name__)
 # the events are defined beside the recorder; their producers may import them from here
-__all__ = ["Claimed", "Commit", "Event", "Finished", "Recorder", "StampRenewed", "RunInfo", "Sample"]
+__all__ = ["Claimed", "Commit", "Event", "Finished", "Recorder", "StampRenewed", "RunInfo", "Sample", "Settled"]
 MAX_BATCH = 256  # events per transaction
 # a transaction costs about 1 ms of Python whatever its size: under load, gather events this long
 # before writing, so the recorder does not commit for every event (rows lag by at most this).
@@ -66,6 +68,8 @@ class Recorder(EventWrites):
         self._insert = postgresql.insert if engine.dialect.name == "postgresql" else sqlite.insert
         self._claimed: dict[tuple[str, str], tuple[int, bool] | None] = {}  # claimed, not yet finished
         self._taken: dict[int, int] = {}  # id() of a claim in the batch being written -> the run holding its image
+        self._lost: set[int] = set()  # id() of fleet finishes the fence turned away (EventWrites._fence)
+        self.lost = 0  # fleet finishes turned away: their claims had passed to other workers
         self.refused = 0  # events the database refused (logged; their producers were told)
         self.down = False  # the database refuses every write: events are held (see _record)
         self._reminded = 0.0  # time.monotonic() of the last log line saying so
@@ -165,22 +169,35 @@ class Recorder(EventWrites):
                 continue
             refused = self._record(batch)  # id() of the events the database would not take
             for e in batch:
-                if not isinstance(e, Sample) and e.committed is not None:
+                if id(e) in self._lost:
+                    self.lost += 1
+                    log.warning("discarded %s: its claim passed to another worker (this one's lease ran out), "
+                                "whose outcome stands", describe(e))
+                    if e.committed is not None:
+                        e.committed.set(False, LEASE_LOST)
+                elif not isinstance(e, Sample) and e.committed is not None:
                     e.committed.set(id(e) not in refused, self._taken.pop(id(e), None))
             self._taken.clear()
+            self._lost.clear()
 
     def _record(self, batch: list[Event]) -> set[int]:
         """Write one batch; returns the id() of the events the database refused for themselves. The
         events it refuses for the database as a whole (disk full, server down) are held and tried
         again until it takes them (see _wait_for_database), or until shutdown abandons them."""
         refused: set[int] = set()
-        pending, down_since = batch, None
+        pending, down_since, raced = batch, None, 0
         while True:
             try:
                 self._write(pending)
             except Exception as e:
                 for ev in pending:  # read in the transaction that was rolled back: each retry reads its own
                     self._taken.pop(id(ev), None)
+                    self._lost.discard(id(ev))
+                if transient(e) and raced < TRANSIENT_TRIES:  # lost a race with another worker: again, at once
+                    raced += 1
+                    log.info("recorder: %s; writing the batch again", reason(e))
+                    transient_pause(raced)
+                    continue
                 self._reconnect(quiet=down_since is not None)
                 if (down_since is not None or self.down) and self._abandon.is_set():
                     return refused | self._refuse(pending, e)
@@ -216,6 +233,7 @@ class Recorder(EventWrites):
                 self._write([e])
             except Exception as err:
                 self._taken.pop(id(e), None)
+                self._lost.discard(id(e))
                 if database_wide(err):  # the connection may be what broke (a server restart): a fresh one
                     self._reconnect(quiet=True)
                     held.append(e)

@@ -60,6 +60,7 @@ class Run(Base):
     providers: Mapped[str] = mapped_column(String(255))
     config: Mapped[dict] = mapped_column(JsonType)
     version: Mapped[str] = mapped_column(String(32))
+    heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # fleet mode: renewed with its leases
 
 
 class ImageRow(Base):
@@ -134,3 +135,42 @@ class MemorySample(Base):
     queue_depth: Mapped[int] = mapped_column(Integer)
     images_done: Mapped[int] = mapped_column(Integer)
     gpu_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class QueueRow(Base):
+    """Fleet mode (PostgreSQL): one file seen by the scanner, claimed by one worker at a time under a lease.
+
+    `owner` is the claiming run's id and `generation` counts claims: a finish commits only while both are
+    still the claimer's (fencing). `lease_until` is in the server's clock; a live worker renews it."""
+
+    __tablename__ = "queue"
+    __table_args__ = (
+        UniqueConstraint("model", "root", "rel_path", "size", "mtime_ns", name="uq_queue_file"),
+        Index("ix_queue_claimable", "model", "root", "state", "id"),
+        Index("ix_queue_owner", "owner"),
+    )
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    model: Mapped[str] = mapped_column(String(255))
+    root: Mapped[str] = mapped_column(Text)
+    rel_path: Mapped[str] = mapped_column(Text)
+    size: Mapped[int] = mapped_column(BigInteger)
+    mtime_ns: Mapped[int] = mapped_column(BigInteger)
+    state: Mapped[str] = mapped_column(String(16))  # queued, claimed, done, failed
+    owner: Mapped[int | None] = mapped_column(BigInteger)  # the run holding the claim
+    generation: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    attempts: Mapped[int] = mapped_column(Integer, default=0)  # claims, takeovers included
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UTCDateTime(), default=utcnow)
+
+
+class ScannerRow(Base):
+    """Fleet mode: which run lists a folder for a model (one at a time, under a lease), and its last full scan."""
+
+    __tablename__ = "scanners"
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    root: Mapped[str] = mapped_column(Text, primary_key=True)
+    leader: Mapped[int | None] = mapped_column(BigInteger)  # a run id
+    lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    scan_started: Mapped[datetime | None] = mapped_column(UTCDateTime())
+    scan_finished: Mapped[datetime | None] = mapped_column(UTCDateTime())  # of the scan begun at scan_started

@@ -9,8 +9,9 @@ from typing import Any, cast
 from sqlalchemy import (BindParameter, Connection, Engine, Integer, Table, and_, bindparam, case, delete, insert, or_,
                         select, update)
 
+from worker.fleet.queue import SETTLE
 from worker.intake.jobs import JobStatus
-from worker.store.events import Claimed, Event, Finished, StampRenewed, Sample
+from worker.store.events import Claimed, Event, Finished, Settled, StampRenewed, Sample
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
 # the mapped classes' tables (declared as FromClause, which they are more than)
@@ -68,6 +69,7 @@ class EventWrites:
     _claimed: dict[tuple[str, str], tuple[int, bool] | None]
     _taken: dict[int, int]
     _conn: Connection | None
+    _lost: set[int]  # id() of the fleet finishes in the batch being written that the fence turned away
 
     def _connect(self) -> Connection:
         raise NotImplementedError
@@ -124,12 +126,15 @@ class EventWrites:
         samples: list[dict[str, Any]] = []
         claimed_now: list[Claimed] = []
         restamps: list[dict[str, Any]] = []
+        unclaimed: list[Finished] = []  # failed before their claim: a row all the same, written below
         for e in batch:
             if isinstance(e, StampRenewed):
                 restamps.append(dict(rel=e.rel, sha=e.sha256, model=self.model, root=self.root, stamp=e.stamp))
             elif isinstance(e, Sample):
                 samples.append(dict(run_id=self.run_id, at=e.at, rss_bytes=e.rss_bytes, fds=e.fds, threads=e.threads,
                                     queue_depth=e.queue_depth, images_done=e.images_done, gpu_bytes=e.gpu_bytes))
+            elif isinstance(e, Settled):
+                continue  # only its queue row: the fence below
             elif isinstance(e, Claimed):
                 self._claimed[(e.rel, e.sha256)] = None  # its id is filled in below
                 claimed_now.append(e)
@@ -137,13 +142,20 @@ class EventWrites:
             else:
                 known = self._claimed.pop((e.rel, e.sha256), _UNCLAIMED)
                 if known is _UNCLAIMED:  # failed before its claim (unreadable file, quarantined): a row all the same
-                    claims.append(self._claim_params(e.rel, e.sha256, e.size, 0, now, True, True))
+                    unclaimed.append(e)
                     known = None
                 finishes.append((e, known))
         if self._conn is None:
             self._conn = self._connect()
         conn = self._conn
         with conn.begin():
+            if fenced := [e for e in batch if isinstance(e, (Finished, Settled)) and e.ticket is not None]:
+                self._fence(conn, fenced)
+                finishes = [(e, known) for e, known in finishes if id(e) not in self._lost]
+            claims += [self._claim_params(e.rel, e.sha256, e.size, 0, now, True, True) for e in unclaimed
+                       if id(e) not in self._lost]
+            # rows locked in key order: two workers' transactions then never wait for each other in a cycle
+            claims.sort(key=lambda c: (c["rel"], c["sha"]))
             ids = self._claim_all(conn, claims, now)
             for c in claimed_now:
                 key = (c.rel, c.sha256)
@@ -171,7 +183,7 @@ class EventWrites:
                 if e.timings is not None:
                     rows[TIMINGS].append(dict(image_id=image_id, run_id=self.run_id, **e.timings))
             if finished:
-                self._hot["finish"].run(conn, list(finished.values()))
+                self._hot["finish"].run(conn, [finished[i] for i in sorted(finished)])
             if stale:
                 for table in (RESULTS, LABELS, TIMINGS):
                     conn.execute(delete(table).where(table.c.image_id.in_(sorted(stale))))
@@ -183,6 +195,18 @@ class EventWrites:
                 conn.execute(insert(SAMPLES), samples)
             if restamps:
                 self._hot["restamp"].run(conn, restamps)
+
+    def _fence(self, conn: Connection, events: list[Finished | Settled]) -> None:
+        """Fleet mode: end each event's claim in the queue, where the claim is still this run's at its
+        generation; the events whose claim passed to another worker are noted in `_lost`, and not written."""
+        states = {JobStatus.DONE: "done", JobStatus.FAILED: "failed", JobStatus.QUEUED: "claimed"}
+        tickets = [e.ticket for e in events if e.ticket is not None]
+        won = {row[0] for row in conn.exec_driver_sql(SETTLE, {
+            "ids": [t[0] for t in tickets], "gens": [t[1] for t in tickets], "me": self.run_id,
+            "states": [states[e.status] if isinstance(e, Finished) else "done" for e in events]})}
+        for e in events:
+            if e.ticket is not None and e.ticket[0] not in won:
+                self._lost.add(id(e))
 
     def _claim_params(self, rel: str, sha256: str, size: int, inc: int, now: datetime, force: bool,
                       redo: bool, stamp: str | None = None) -> dict[str, Any]:

@@ -89,6 +89,8 @@ class Shard:
 class ProcessPipeline:
     """`Pipeline`'s interface (submit, drain, recover, counts, close) over `processes` prepare processes."""
 
+    leases = None  # fleet mode runs in one process (its two connections per host)
+
     def __init__(self, *, cfg: Config, card: ModelCard, engine: Engine, recorder: Recorder, info: RunInfo,
                  db: DbEngine, settings: Settings, processes: int,
                  on_finished: Callable[[Job, JobStatus], None] | None = None) -> None:

@@ -1,0 +1,130 @@
+"""The fleet's intake loop: lead the scan when no one else does, claim what the pipeline has room for,
+submit it; in burst mode (`worker run`, `watch --burst`) return once the folder is done, files claimed by
+dead hosts included (taken once their leases pass, one at a time)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Callable, Protocol
+
+from worker.config import Config
+from worker.fleet.leases import RENEWALS_PER_LEASE, Leases
+from worker.fleet.queue import Claim, ClaimQueue
+from worker.fleet.scanner import FolderScan, InboxScan
+from worker.host.names import on_disk
+from worker.intake.intake import Intake
+from worker.intake.jobs import Job
+from worker.intake.scan import walk
+
+log = logging.getLogger("worker.fleet")
+
+CLAIM_MAX = 64  # rows claimed in one transaction at most
+
+
+class Scan(Protocol):
+    def step(self) -> None: ...
+    def stop(self) -> None: ...
+
+
+class Fed(Protocol):
+    """What the feeder needs of a pipeline."""
+
+    def finish_or_abandon(self, stop: threading.Event | None) -> None: ...
+
+    def submit(self, job: Job, stop: threading.Event | None = None,
+               waiting: Callable[[], object] | None = None) -> bool: ...
+    def depth(self) -> int: ...
+    def drain(self, timeout: float | None = None) -> bool: ...
+
+
+class Feeder:
+    def __init__(self, queue: ClaimQueue, leases: Leases, pipeline: Fed, root: Path, scan: Scan, room: int,
+                 poll_s: float) -> None:
+        self.queue, self.leases, self.pipeline, self.root, self.scan = queue, leases, pipeline, root, scan
+        self.room, self.poll_s = room, poll_s
+        self.leading = False
+        self._led_at = -float("inf")  # time.monotonic() of the last take or renewal of the scanner's lease
+        self.since: datetime = queue.now()  # when this run joined, in the server's clock
+
+    def run(self, stop: threading.Event, burst: bool, check: Callable[[], object] | None = None) -> None:
+        """Feed until `stop`; burst: until every file of the folder is done or failed."""
+        while not stop.is_set():
+            if check is not None:
+                check()
+            self._lead()
+            if self.leading:
+                self.scan.step()
+            if self._take_over_one(stop) or self._take():
+                continue
+            if burst and self.pipeline.depth() == 0 and self._folder_done():
+                return
+            stop.wait(self.poll_s)
+
+    def _lead(self) -> None:
+        """Take the scanner's lease when it is free or has passed (its holder died); keep it while this runs."""
+        if time.monotonic() - self._led_at < self.queue.lease_s / RENEWALS_PER_LEASE:
+            return
+        self._led_at = time.monotonic()
+        leading = self.queue.lead()
+        if leading != self.leading:
+            log.info("%s the scanner of %s for the fleet", "now" if leading else "no longer", self.root)
+            if not leading:
+                self.scan.stop()
+        self.leading = leading
+
+    def _take(self) -> int:
+        claims = self.leases.claim(min(CLAIM_MAX, self.room - self.pipeline.depth()))
+        for c in claims:
+            self.pipeline.submit(self._job(c))
+        return len(claims)
+
+    def _take_over_one(self, stop: threading.Event) -> bool:
+        """A file whose claimer's lease passed (a dead or paused host): processed alone, and waited for, so that a
+        file that kills workers is charged alone and reaches quarantine without its neighbours."""
+        claims = self.leases.claim(1, expired=True)
+        if not claims:
+            return False
+        c = claims[0]
+        log.warning("%s was claimed by a worker whose lease ran out (dead, or cut off): processing it on its own",
+                    c.rel)
+        self.pipeline.submit(self._job(c))
+        while not self.pipeline.drain(timeout=0.2) and not stop.is_set():
+            pass
+        return True
+
+    def _job(self, c: Claim) -> Job:
+        rel = on_disk(self.root, c.rel)
+        # the queue's claim is the authority: the image's row is taken over whoever's run last touched it
+        return Job(path=self.root / rel, rel=rel, size=c.size, mtime_ns=c.mtime_ns, take_over=True, ticket=c.ticket)
+
+    def _folder_done(self) -> bool:
+        left = self.queue.outstanding(self.since)
+        return left.scanned and left.waiting == 0
+
+
+def feed_folder(cfg: Config, folder: Path, pipeline: Fed, leases: Leases, stop: threading.Event,
+                tick: Callable[[], object]) -> None:
+    """`worker run DIR` in fleet mode: this host's share of the folder; returns once all of it is done."""
+    scan = FolderScan(leases.queue, lambda: walk(folder, cfg.extensions, skip=(cfg.outbox,)), folder, cfg.fleet.scan_s)
+    feeder = Feeder(leases.queue, leases, pipeline, folder, scan, cfg.pipeline.queue_size, cfg.fleet.poll_s)
+    leases.queue.requeue_failed(feeder.since)  # a new run retries what failed, as on one host
+    feeder.run(stop, burst=True, check=tick)
+
+
+def feed_inbox(cfg: Config, inbox: Path, pipeline: Fed, leases: Leases, stop: threading.Event, burst: bool,
+               ready: threading.Event | None, tick: Callable[[], object]) -> None:
+    """`worker watch` in fleet mode: the scanner (one host at a time) queues what is complete; every host claims."""
+    # a file seen again longer than a lease after its row was finished is a new drop (moved or deleted inputs)
+    again = None if cfg.inputs.watch == "keep" else cfg.fleet.lease_s
+    scan = InboxScan(leases.queue, lambda found: Intake(inbox, cfg.extensions, cfg.watch.settle_s, 0.0, found,
+                                                        incomplete_s=cfg.watch.incomplete_s), cfg.fleet.scan_s, again)
+    feeder = Feeder(leases.queue, leases, pipeline, inbox, scan, cfg.pipeline.queue_size, cfg.fleet.poll_s)
+    log.info("watching %s with the fleet (run %d, lease %g s)", inbox, leases.queue.me, leases.queue.lease_s)
+    if ready is not None:
+        ready.set()
+    feeder.run(stop, burst=burst, check=tick)
+    pipeline.finish_or_abandon(stop)

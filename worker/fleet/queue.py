@@ -1,0 +1,163 @@
+"""The claim queue's statements (PostgreSQL): enqueue, claim with FOR UPDATE SKIP LOCKED, renew, settle.
+
+Each is one short transaction on the worker's shared connection; rows are locked in key order, and a
+transaction that loses a race anyway (deadlock, serialization failure) is run again at once."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Sequence
+
+from worker.store.shared import SharedConnection
+
+
+class QueueState(str, enum.Enum):
+    QUEUED = "queued"
+    CLAIMED = "claimed"
+    DONE = "done"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A queue row claimed by this worker: `generation` fences its finish."""
+
+    id: int
+    rel: str  # as the database knows it (worker.host.names.as_text)
+    size: int
+    mtime_ns: int
+    generation: int
+    taken_over: bool  # its previous owner's lease expired while it held it
+
+    @property
+    def ticket(self) -> tuple[int, int]:
+        return self.id, self.generation
+
+
+@dataclass(frozen=True)
+class Outstanding:
+    """What is left of a folder: rows not yet done or failed, and whether a full scan has ended since `since`."""
+
+    waiting: int
+    scanned: bool
+
+
+_ENQUEUE = """
+INSERT INTO queue (model, root, rel_path, size, mtime_ns, state, generation, attempts, created_at, updated_at)
+SELECT %(model)s, %(root)s, t.r, t.s, t.m, 'queued', 0, 0, now(), now()
+FROM unnest(%(rels)s::text[], %(sizes)s::bigint[], %(mtimes)s::bigint[]) AS t(r, s, m)
+ORDER BY t.r, t.s, t.m
+ON CONFLICT (model, root, rel_path, size, mtime_ns) DO UPDATE
+SET state = 'queued', owner = NULL, lease_until = NULL, updated_at = now()
+WHERE queue.state IN ('done', 'failed') AND %(requeue)s
+  AND queue.updated_at < now() - make_interval(secs => %(after)s)
+"""
+
+_CLAIM = """
+UPDATE queue AS q
+SET state = 'claimed', owner = %(me)s, generation = q.generation + 1, attempts = q.attempts + 1,
+    lease_until = now() + make_interval(secs => %(lease)s), updated_at = now()
+FROM (SELECT id, state = 'claimed' AS expired FROM queue
+      WHERE model = %(model)s AND root = %(root)s
+        AND (CASE WHEN %(expired)s THEN state = 'claimed' AND lease_until < now() ELSE state = 'queued' END)
+      ORDER BY id LIMIT %(k)s FOR UPDATE SKIP LOCKED) AS c
+WHERE q.id = c.id
+RETURNING q.id, q.rel_path, q.size, q.mtime_ns, q.generation, c.expired
+"""
+
+_RENEW = """
+WITH renewed AS (
+    UPDATE queue SET lease_until = now() + make_interval(secs => %(lease)s)
+    WHERE owner = %(me)s AND state = 'claimed' RETURNING id, generation),
+beat AS (UPDATE runs SET heartbeat_at = now() WHERE id = %(me)s)
+SELECT id, generation FROM renewed
+"""
+
+# the fence: a finish counts only while the claim is still this run's, at this generation
+SETTLE = """
+UPDATE queue AS q SET state = v.state, lease_until = CASE WHEN v.state = 'claimed' THEN q.lease_until END,
+                      updated_at = now()
+FROM unnest(%(ids)s::bigint[], %(gens)s::int[], %(states)s::text[]) AS v(id, gen, state)
+WHERE q.id = v.id AND q.generation = v.gen AND q.owner = %(me)s AND q.state = 'claimed'
+RETURNING q.id
+"""
+
+_LEAD = """
+INSERT INTO scanners (model, root, leader, lease_until) VALUES (%(model)s, %(root)s, %(me)s,
+                                                              now() + make_interval(secs => %(lease)s))
+ON CONFLICT (model, root) DO UPDATE SET leader = EXCLUDED.leader, lease_until = EXCLUDED.lease_until
+WHERE scanners.leader = EXCLUDED.leader OR scanners.lease_until IS NULL OR scanners.lease_until < now()
+RETURNING leader
+"""
+
+
+class ClaimQueue:
+    """One folder's queue for one model, as seen by run `me` (its id is the claims' owner)."""
+
+    def __init__(self, shared: SharedConnection, me: int, model: str, root: str, lease_s: float) -> None:
+        self.shared, self.me, self.model, self.root, self.lease_s = shared, me, model, root, lease_s
+        self._key = {"me": me, "model": model, "root": root, "lease": lease_s}
+
+    def now(self) -> datetime:
+        """The server's clock: every lease and scan time is in it, never a host's."""
+        return self.shared.run("SELECT now()")[0][0]  # type: ignore[no-any-return]
+
+    def enqueue(self, files: Sequence[tuple[str, int, int]], requeue_after_s: float | None = None) -> None:
+        """Rows for files seen by the scanner, (rel, size, mtime_ns) each; a file already there is left as it is,
+        unless `requeue_after_s` is given and its row was finished longer ago than that (dropped again)."""
+        if files:
+            rels, sizes, mtimes = (list(column) for column in zip(*files))
+            self.shared.run(_ENQUEUE, {**self._key, "rels": rels, "sizes": sizes, "mtimes": mtimes,
+                                       "requeue": requeue_after_s is not None, "after": requeue_after_s or 0.0},
+                            fetch=False)
+
+    def claim(self, k: int, expired: bool = False) -> list[Claim]:
+        """Up to `k` queued rows, oldest first, or (`expired`) rows whose owner's lease has passed."""
+        if k <= 0:
+            return []
+        rows = self.shared.run(_CLAIM, {**self._key, "k": k, "expired": expired})
+        return sorted((Claim(*row) for row in rows), key=lambda c: c.id)
+
+    def renew(self) -> set[tuple[int, int]]:
+        """Extend every lease this run holds (and its heartbeat); returns the claims still its own."""
+        return {(i, g) for i, g in self.shared.run(_RENEW, self._key)}
+
+    def lead(self) -> bool:
+        """Take or keep the scanner's lease for this folder; True while this run holds it."""
+        return bool(self.shared.run(_LEAD, self._key))
+
+    def scan_started(self) -> datetime:
+        rows = self.shared.run("UPDATE scanners SET scan_started = now() WHERE model = %(model)s AND root = %(root)s "
+                               "AND leader = %(me)s RETURNING scan_started", self._key)
+        return rows[0][0] if rows else self.now()  # type: ignore[no-any-return]
+
+    def scan_finished(self, started: datetime) -> None:
+        self.shared.run("UPDATE scanners SET scan_finished = now() WHERE model = %(model)s AND root = %(root)s "
+                        "AND leader = %(me)s AND scan_started = %(started)s", {**self._key, "started": started},
+                        fetch=False)
+
+    def outstanding(self, since: datetime) -> Outstanding:
+        rows = self.shared.run(
+            "SELECT (SELECT count(*) FROM queue WHERE model = %(model)s AND root = %(root)s "
+            "        AND state IN ('queued', 'claimed')),"
+            "       (SELECT scan_started >= %(since)s AND scan_finished >= scan_started FROM scanners "
+            "        WHERE model = %(model)s AND root = %(root)s)", {**self._key, "since": since})
+        waiting, scanned = rows[0]
+        return Outstanding(int(waiting), bool(scanned))
+
+    def requeue_failed(self, before: datetime) -> int:
+        """A new `run` retries the images that failed before it started, as it does on one host."""
+        rows = self.shared.run("UPDATE queue SET state = 'queued', owner = NULL, lease_until = NULL, updated_at = now() "
+                               "WHERE model = %(model)s AND root = %(root)s AND state = 'failed' "
+                               "AND updated_at < %(before)s RETURNING id", {**self._key, "before": before})
+        return len(rows)
+
+    def release(self) -> int:
+        """Shutting down: this run's claims back to the queue at once (others need not wait for the leases
+        to pass), and its scanner lease given up. Returns how many claims."""
+        rows = self.shared.run("UPDATE queue SET state = 'queued', owner = NULL, lease_until = NULL, updated_at = now() "
+                               "WHERE owner = %(me)s AND state = 'claimed' RETURNING id", self._key)
+        self.shared.run("UPDATE scanners SET lease_until = NULL WHERE leader = %(me)s", self._key, fetch=False)
+        return len(rows)
