@@ -100,7 +100,8 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
     for name in ("rocket.jpg", "coffee.png", "chelsea.png"):
         shutil.copy(samples / name, folder / name)
     (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
-    c = dataclasses.replace(cfg, model="efficientnet-lite0", db=pg_url)
+    # one host's behaviour on PostgreSQL (the fleet's claim queue: tests/test_fleet.py)
+    c = dataclasses.replace(cfg, model="efficientnet-lite0", db=pg_url, fleet=dataclasses.replace(cfg.fleet, mode="local"))
 
     first = run_folder(c, folder)
     assert (first.figures["done"], first.figures["failed"]) == (3, 1)
@@ -212,8 +213,9 @@ def test_a_path_too_long_for_the_index_is_refused_alone(pg_url: str) -> None:
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["local", "queue"])
 def test_a_server_that_goes_away_pauses_the_run(cfg, tmp_path: Path, samples: Path, pg_server: Server,
-                                                monkeypatch, caplog) -> None:
+                                                monkeypatch, caplog, mode: str) -> None:
     """The server stopped (immediately, as a crash would) in the middle of a run: the recorder holds
     what it cannot write, says so once, reconnects when the server is back, and the run ends with
     every image done once (before: its events refused one by one, the images left for a rerun)."""
@@ -229,11 +231,12 @@ def test_a_server_that_goes_away_pauses_the_run(cfg, tmp_path: Path, samples: Pa
     data = (samples / "coffee.png").read_bytes()
     for i in range(200):
         (folder / f"p{i:03d}.png").write_bytes(data + i.to_bytes(2, "big"))
-    c = dataclasses.replace(cfg, model="efficientnet-lite0", db=pg_server.url)
+    c = dataclasses.replace(cfg, model="efficientnet-lite0", db=pg_server.url,
+                            fleet=dataclasses.replace(cfg.fleet, mode=mode, lease_s=5.0))
     db = open_db(pg_server.url)
     try:
-        with db.begin() as conn:  # this module's earlier test used the database: start from none
-            conn.execute(text("TRUNCATE images, runs CASCADE"))
+        with db.begin() as conn:  # this module's earlier tests used the database: start from none
+            conn.execute(text("TRUNCATE images, runs, queue, scanners CASCADE"))
         out: list = []
         t = threading.Thread(target=lambda: out.append(run_folder(c, folder)))
         t.start()

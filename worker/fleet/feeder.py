@@ -19,10 +19,14 @@ from worker.host.names import on_disk
 from worker.intake.intake import Intake
 from worker.intake.jobs import Job
 from worker.intake.scan import walk
+from worker.pipeline.items import Counts
+from worker.store.db import database_wide
+from worker.store.wal import reason
 
 log = logging.getLogger("worker.fleet")
 
 CLAIM_MAX = 64  # rows claimed in one transaction at most
+DB_WAIT_S = 2.0  # the database cannot be reached: tried again this often
 
 
 class Scan(Protocol):
@@ -32,6 +36,8 @@ class Scan(Protocol):
 
 class Fed(Protocol):
     """What the feeder needs of a pipeline."""
+
+    counts: Counts
 
     def finish_or_abandon(self, stop: threading.Event | None) -> None: ...
 
@@ -51,18 +57,36 @@ class Feeder:
         self.since: datetime = queue.now()  # when this run joined, in the server's clock
 
     def run(self, stop: threading.Event, burst: bool, check: Callable[[], object] | None = None) -> None:
-        """Feed until `stop`; burst: until every file of the folder is done or failed."""
+        """Feed until `stop`; burst: until every file of the folder is done or failed. While the database
+        cannot be reached, the feeder waits for it (said once), as the recorder does."""
+        down_since: float | None = None
         while not stop.is_set():
             if check is not None:
                 check()
-            self._lead()
-            if self.leading:
-                self.scan.step()
-            if self._take_over_one(stop) or self._take():
+            try:
+                if self._step(stop):
+                    continue
+                if burst and self.pipeline.depth() == 0 and self._folder_done():
+                    return
+            except Exception as e:
+                if not database_wide(e):
+                    raise
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.error("the claim queue cannot be reached (%s): waiting for the database", reason(e))
+                stop.wait(DB_WAIT_S)
                 continue
-            if burst and self.pipeline.depth() == 0 and self._folder_done():
-                return
+            if down_since is not None:
+                log.warning("the claim queue is back after %.0f s: going on", time.monotonic() - down_since)
+                down_since = None
             stop.wait(self.poll_s)
+
+    def _step(self, stop: threading.Event) -> bool:
+        """One pass: lead and scan, then claim; whether anything was claimed."""
+        self._lead()
+        if self.leading:
+            self.scan.step()
+        return self._take_over_one(stop) or self._take() > 0
 
     def _lead(self) -> None:
         """Take the scanner's lease when it is free or has passed (its holder died); keep it while this runs."""
@@ -113,6 +137,9 @@ def feed_folder(cfg: Config, folder: Path, pipeline: Fed, leases: Leases, stop: 
     feeder = Feeder(leases.queue, leases, pipeline, folder, scan, cfg.pipeline.queue_size, cfg.fleet.poll_s)
     leases.queue.requeue_failed(feeder.since)  # a new run retries what failed, as on one host
     feeder.run(stop, burst=True, check=tick)
+    done_before = leases.queue.done_before(feeder.since)  # skipped, as on one host, without even a claim
+    pipeline.counts.skipped += done_before
+    pipeline.counts.unread += done_before
 
 
 def feed_inbox(cfg: Config, inbox: Path, pipeline: Fed, leases: Leases, stop: threading.Event, burst: bool,

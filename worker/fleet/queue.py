@@ -147,6 +147,12 @@ class ClaimQueue:
         waiting, scanned = rows[0]
         return Outstanding(int(waiting), bool(scanned))
 
+    def done_before(self, since: datetime) -> int:
+        """Files of the folder done before `since` (a run's start): what that run skipped unread."""
+        rows = self.shared.run("SELECT count(*) FROM queue WHERE model = %(model)s AND root = %(root)s "
+                               "AND state = 'done' AND updated_at < %(since)s", {**self._key, "since": since})
+        return int(rows[0][0])
+
     def requeue_failed(self, before: datetime) -> int:
         """A new `run` retries the images that failed before it started, as it does on one host."""
         rows = self.shared.run("UPDATE queue SET state = 'queued', owner = NULL, lease_until = NULL, updated_at = now() "

@@ -30,9 +30,9 @@ class FinishStage(StageState):
         while (item := self._inferred.get()) is not STOP:
             if item.book is not None and (item := self._gather_page(item)) is None:
                 continue  # a page of a file whose other pages are still on their way
-            if item.taken or self._lease_lost(item):  # nothing recorded, nothing archived: the other worker does both
+            if self._lease_lost(item) or item.taken:  # nothing recorded, nothing archived: the other worker does both
                 self.counts.taken += 1
-                if item.taken and item.job.ticket is not None:  # its content done by another: this claim ends
+                if item.job.ticket is not None and item.taken:  # its content done by another: this claim ends
                     self.recorder.put(Settled(item.job.ticket))
                 self._done(item.job, JobStatus.PROCESSING)
                 continue
@@ -54,6 +54,7 @@ class FinishStage(StageState):
         ticket = item.job.ticket
         if ticket is None or self.leases is None or self.leases.holds(ticket):
             return False
+        item.taken = False  # (prepare's word for the same)
         log.warning("%s: its claim passed to another worker while it was processed here (this worker's lease ran "
                     "out): nothing written here, the other worker's outcome stands", item.job.key)
         return True

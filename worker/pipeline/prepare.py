@@ -103,6 +103,9 @@ class PrepareStage(StageState):
     def _claim(self, item: Item) -> bool:
         """Read, hash, check the ledger and claim; False when already done (skipped)."""
         job = item.job
+        if job.ticket is not None and self.leases is not None and not self.leases.holds(job.ticket):
+            item.taken = True  # its claim passed to another worker meanwhile (this one was paused): not read
+            return False
         if self._inputs is not None and self._inputs.stuck(job):
             item.skipped = True  # its outcome is on record; only its move failed (logged once)
             return False

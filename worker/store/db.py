@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 import sqlite3
 import urllib.parse
 from pathlib import Path
@@ -17,6 +18,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.pool import NullPool
 
 from worker.config import shipped
 from worker.errors import StoreError
@@ -52,9 +54,11 @@ def make_engine(url: str) -> Engine:
         raise StoreError(f"database URL {url!r}: SQLite and PostgreSQL are supported, not {u.get_backend_name()}")
     if u.get_backend_name() != "sqlite":
         try:
-            # two connections held per worker (the recorder's, and one shared by claims and skip checks,
-            # worker.store.shared); others are brief and closed on return (docs/database.md#fleet)
-            return create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8)
+            # no pool: the connections a worker holds are its recorder's and (fleet mode) the one its claims and
+            # skip checks share (worker.store.shared); others are brief and closed at once (docs/database.md#fleet)
+            # named in pg_stat_activity by host and pid: which worker holds which connection
+            return create_engine(url, poolclass=NullPool,
+                                 connect_args={"application_name": f"worker@{socket.gethostname()}:{os.getpid()}"[:63]})
         except (ImportError, NoSuchModuleError) as e:
             raise StoreError(f"database URL {url!r}: its driver is not installed ({e}); for PostgreSQL: "
                              f"pip install -e '.[postgres]' and postgresql+psycopg://USER@HOST/DBNAME") from None
