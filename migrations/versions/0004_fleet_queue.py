@@ -3,7 +3,9 @@
 Several hosts on one PostgreSQL database share a folder through `queue`: one scanner (the run holding
 the `scanners` lease) lists the folder and inserts a row per file; workers claim rows with FOR UPDATE
 SKIP LOCKED under a lease in the server's clock, renew it while they live (`runs.heartbeat_at` with it),
-and finish a row only while they still own its claim.
+and finish a row only while they still own its claim. `runs.session` names the run's PostgreSQL sessions
+(their application_name): a run whose leases passed has them ended, so that the row locks of a frozen
+worker (SIGSTOP, a suspended VM) do not hold up the worker that takes its claims over.
 
 Revision ID: 0004
 Revises: 0003
@@ -51,10 +53,12 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('runs', schema=None) as batch_op:
         batch_op.add_column(sa.Column('heartbeat_at', sa.DateTime(timezone=True), nullable=True))
+        batch_op.add_column(sa.Column('session', sa.String(length=63), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table('runs', schema=None) as batch_op:
+        batch_op.drop_column('session')
         batch_op.drop_column('heartbeat_at')
     op.drop_table('scanners')
     op.drop_index('ix_queue_owner', table_name='queue')

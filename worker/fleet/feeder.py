@@ -54,6 +54,7 @@ class Feeder:
         self.room, self.poll_s = room, poll_s
         self.leading = False
         self._led_at = -float("inf")  # time.monotonic() of the last take or renewal of the scanner's lease
+        self._fenced_at = -float("inf")  # ... of the last look for sessions of workers whose leases passed
         self.since: datetime = queue.now()  # when this run joined, in the server's clock
 
     def run(self, stop: threading.Event, burst: bool, check: Callable[[], object] | None = None) -> None:
@@ -109,6 +110,10 @@ class Feeder:
     def _take_over_one(self, stop: threading.Event) -> bool:
         """A file whose claimer's lease passed (a dead or paused host): processed alone, and waited for, so that a
         file that kills workers is charged alone and reaches quarantine without its neighbours."""
+        if time.monotonic() - self._fenced_at >= self.queue.lease_s / RENEWALS_PER_LEASE:
+            self._fenced_at = time.monotonic()
+            if n := self.queue.end_expired_sessions():
+                log.warning("ended %d database session(s) of workers whose leases ran out", n)
         claims = self.leases.claim(1, expired=True)
         if not claims:
             return False
@@ -135,7 +140,7 @@ def feed_folder(cfg: Config, folder: Path, pipeline: Fed, leases: Leases, stop: 
     """`worker run DIR` in fleet mode: this host's share of the folder; returns once all of it is done."""
     scan = FolderScan(leases.queue, lambda: walk(folder, cfg.extensions, skip=(cfg.outbox,)), folder, cfg.fleet.scan_s)
     feeder = Feeder(leases.queue, leases, pipeline, folder, scan, cfg.pipeline.queue_size, cfg.fleet.poll_s)
-    leases.queue.requeue_failed(feeder.since)  # a new run retries what failed, as on one host
+    leases.queue.requeue_failed()  # a new run retries what failed, as on one host
     feeder.run(stop, burst=True, check=tick)
     done_before = leases.queue.done_before(feeder.since)  # skipped, as on one host, without even a claim
     pipeline.counts.skipped += done_before

@@ -30,6 +30,7 @@ class Leases:
         self._lost: set[tuple[int, int]] = set()
         self._held_until = 0.0  # time.monotonic() up to which every claim in _mine is surely still this run's
         self._stop = threading.Event()
+        self.renew()  # the run's first heartbeat: alive from its start (worker fleet, requeue_failed)
         self._thread = threading.Thread(target=self._loop, name="leases", daemon=True)
         self._thread.start()
 

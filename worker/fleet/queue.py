@@ -84,6 +84,16 @@ WHERE q.id = v.id AND q.generation = v.gen AND q.owner = %(me)s AND q.state = 'c
 RETURNING q.id
 """
 
+# the runs alive: not finished, and renewing (a run renews at its start, then RENEWALS_PER_LEASE times per lease)
+ALIVE = "SELECT id FROM runs WHERE finished_at IS NULL AND heartbeat_at > now() - make_interval(secs => 2 * %(lease)s)"
+
+_END_EXPIRED = """
+SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity AS a JOIN runs AS r ON a.application_name = r.session
+WHERE a.datname = current_database() AND r.id <> %(me)s AND r.id IN (
+    SELECT DISTINCT owner FROM queue WHERE model = %(model)s AND root = %(root)s AND state = 'claimed'
+                                       AND lease_until < now())
+"""
+
 _LEAD = """
 INSERT INTO scanners (model, root, leader, lease_until) VALUES (%(model)s, %(root)s, %(me)s,
                                                               now() + make_interval(secs => %(lease)s))
@@ -124,6 +134,12 @@ class ClaimQueue:
         """Extend every lease this run holds (and its heartbeat); returns the claims still its own."""
         return {(i, g) for i, g in self.shared.run(_RENEW, self._key)}
 
+    def end_expired_sessions(self) -> int:
+        """End the database sessions of the runs whose claims on this folder have passed (dead, frozen or cut off):
+        a frozen worker's open transaction would otherwise hold the rows it locked until it thaws (PostgreSQL ends
+        an idle one itself, not one frozen within a pipeline of statements). Returns how many were ended."""
+        return len(self.shared.run(_END_EXPIRED, self._key))
+
     def lead(self) -> bool:
         """Take or keep the scanner's lease for this folder; True while this run holds it."""
         return bool(self.shared.run(_LEAD, self._key))
@@ -153,11 +169,12 @@ class ClaimQueue:
                                "AND state = 'done' AND updated_at < %(since)s", {**self._key, "since": since})
         return int(rows[0][0])
 
-    def requeue_failed(self, before: datetime) -> int:
-        """A new `run` retries the images that failed before it started, as it does on one host."""
+    def requeue_failed(self) -> int:
+        """A new `run` retries the images that failed in runs no longer alive, as a rerun does on one host (not
+        those its live peers failed just now)."""
         rows = self.shared.run("UPDATE queue SET state = 'queued', owner = NULL, lease_until = NULL, updated_at = now() "
-                               "WHERE model = %(model)s AND root = %(root)s AND state = 'failed' "
-                               "AND updated_at < %(before)s RETURNING id", {**self._key, "before": before})
+                               "WHERE model = %(model)s AND root = %(root)s AND state = 'failed' AND (owner IS NULL "
+                               "OR owner NOT IN (" + ALIVE + ")) RETURNING id", self._key)
         return len(rows)
 
     def release(self) -> int:

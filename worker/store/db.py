@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import sqlite3
 import urllib.parse
@@ -28,6 +29,9 @@ from worker.host.mounts import network_filesystem
 log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_MS = 30_000
+# PostgreSQL ends the session of a worker frozen within a transaction (SIGSTOP, a suspended VM) after this long:
+# the rows it locked would otherwise hold up the worker that takes its claims over until it thaws
+IDLE_IN_TRANSACTION_S = 10
 
 
 def migrations_dir() -> Path:
@@ -57,8 +61,9 @@ def make_engine(url: str) -> Engine:
             # no pool: the connections a worker holds are its recorder's and (fleet mode) the one its claims and
             # skip checks share (worker.store.shared); others are brief and closed at once (docs/database.md#fleet)
             # named in pg_stat_activity by host and pid: which worker holds which connection
-            return create_engine(url, poolclass=NullPool,
-                                 connect_args={"application_name": f"worker@{socket.gethostname()}:{os.getpid()}"[:63]})
+            return create_engine(url, poolclass=NullPool, connect_args={
+                "application_name": session_name(),
+                "options": f"-c idle_in_transaction_session_timeout={IDLE_IN_TRANSACTION_S * 1000}"})
         except (ImportError, NoSuchModuleError) as e:
             raise StoreError(f"database URL {url!r}: its driver is not installed ({e}); for PostgreSQL: "
                              f"pip install -e '.[postgres]' and postgresql+psycopg://USER@HOST/DBNAME") from None
@@ -79,6 +84,15 @@ def make_engine(url: str) -> Engine:
         cur.close()
 
     return engine
+
+
+_TOKEN = secrets.token_hex(4)
+
+
+def session_name() -> str:
+    """This process's PostgreSQL sessions' application_name: worker@HOST:PID:TOKEN (random: two containers'
+    workers can share a hostname and a pid), recorded with its run (`runs.session`)."""
+    return f"worker@{socket.gethostname()[:36]}:{os.getpid()}:{_TOKEN}"
 
 
 def alembic_config(engine: Engine) -> AlembicConfig:

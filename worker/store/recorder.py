@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 from worker import __version__
 from worker.host.durations import span_text
-from worker.store.db import database_wide, transient
+from worker.store.db import database_wide, session_name, transient
 from worker.store.shared import TRANSIENT_TRIES, transient_pause
 from worker.store.events import (LEASE_LOST, Claimed, Commit, Event, Finished, RunInfo, Sample, Settled,
                                  StampRenewed, describe)
@@ -94,7 +94,8 @@ class Recorder(EventWrites):
         with Session(self.engine) as s, s.begin():
             run = Run(mode=info.mode, host=socket.gethostname(), pid=os.getpid(), root=info.root,
                       model=info.model, model_sha256=info.model_sha256, card_sha256=info.card_sha256 or None,
-                      providers=info.providers, config=info.config, version=__version__)
+                      providers=info.providers, config=info.config, version=__version__,
+                      session=session_name() if self.engine.dialect.name == "postgresql" else None)
             s.add(run)
             s.flush()
             return int(run.id)

@@ -61,6 +61,7 @@ class Run(Base):
     config: Mapped[dict] = mapped_column(JsonType)
     version: Mapped[str] = mapped_column(String(32))
     heartbeat_at: Mapped[datetime | None] = mapped_column(UTCDateTime())  # fleet mode: renewed with its leases
+    session: Mapped[str | None] = mapped_column(String(63))  # PostgreSQL: its sessions' application_name
 
 
 class ImageRow(Base):
