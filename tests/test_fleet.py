@@ -178,6 +178,10 @@ def test_watchers_share_an_inbox_and_the_scanner_moves_on(tmp_path: Path, sample
         (tmp_path / "first").rename(inbox / "first")
         assert wait_for(lambda: rows(url, "SELECT count(*) FROM images WHERE status = 'done'")[0][0] == 150, 120), \
             [h.said()[-3000:] for h in hosts]
+        view = _fleet(conf)  # `worker fleet`: both hosts alive, the scanner named, the queue by state
+        assert sorted(m["host"] for m in view["members"]) == ["w0", "w1"], view
+        (folder,) = view["folders"]
+        assert folder["states"] == {"done": 150} and folder["scanner_host"] in ("w0", "w1")
         leader = rows(url, "SELECT r.host FROM scanners s JOIN runs r ON r.id = s.leader")[0][0]
         (dead,) = [h for h in hosts if h.name == leader]
         (alive,) = [h for h in hosts if h is not dead]
@@ -197,6 +201,18 @@ def test_watchers_share_an_inbox_and_the_scanner_moves_on(tmp_path: Path, sample
     assert len(list((tmp_path / "outbox").rglob("*.jpg.json"))) == 300
     assert len(list((tmp_path / "archive" / "done").rglob("*.jpg"))) == 300
     assert not list(inbox.rglob("*.jpg")) and not list((tmp_path / "outbox").rglob("*.error.json"))
+
+
+def _fleet(conf: Path) -> dict:
+    import json
+
+    from click.testing import CliRunner
+
+    from worker.cli import cli
+
+    out = CliRunner().invoke(cli, ["--config", str(conf), "fleet", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    return json.loads(out.stdout)
 
 
 def test_a_lost_race_is_written_again_at_once(cfg, tmp_path: Path, samples: Path, url: str, caplog) -> None:
@@ -227,3 +243,29 @@ def test_a_lost_race_is_written_again_at_once(cfg, tmp_path: Path, samples: Path
     assert caplog.text.count("writing the batch again") == 2
     assert "refuses writes" not in caplog.text and not [r for r in caplog.records if r.levelno >= logging.ERROR]
     _each_once(url, 40)
+
+
+def test_the_deployment_files_name_what_exists() -> None:
+    """deploy/: the Dockerfile copies what the checkout has, and the compose file's and image's commands are
+    `worker watch` with options it takes (no daemon to build them here: held to the code instead)."""
+    import re
+
+    import yaml
+    from click.testing import CliRunner
+
+    from tests.conftest import ROOT
+    from worker.cli import cli
+
+    dockerfile = (ROOT / "deploy" / "Dockerfile").read_text()
+    for line in re.findall(r"^COPY (.+) \S+$", dockerfile, re.M):
+        for name in line.split():
+            assert (ROOT / name).exists(), name
+    cmd = re.search(r"^CMD (\[.*?\])$", dockerfile, re.M | re.S)
+    assert cmd is not None
+    compose = yaml.safe_load((ROOT / "deploy" / "compose.yaml").read_text())
+    watch_help = CliRunner().invoke(cli, ["watch", "--help"]).output
+    for command in (yaml.safe_load(cmd[1].replace("\\\n", "")), compose["services"]["worker"]["command"]):
+        assert command[0] == "watch"
+        for option in (a for a in command[1:] if a.startswith("--")):
+            assert option in watch_help, option
+    assert compose["services"]["worker"]["build"]["dockerfile"] == "deploy/Dockerfile"

@@ -1,4 +1,4 @@
-"""The commands that read what the worker recorded: `query`, `stats`, `health` and `export coco`."""
+"""The commands that read what the worker recorded: `query`, `stats`, `health`, `fleet` and `export coco`."""
 
 from __future__ import annotations
 
@@ -262,3 +262,38 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
     else:
         write_file(output, text)
         click.echo(f"{output}: {len(doc['images'])} images, {len(doc['annotations'])} annotations")
+
+
+@cli.command()
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@db_option
+@click.pass_context
+def fleet(ctx: click.Context, fmt: str, db: str | None) -> None:
+    """The workers sharing this database (fleet mode): each run alive, its host, heartbeat, leases held and
+    rate; each folder's queue by state and the host scanning it.
+
+    \b
+    Example:
+      worker fleet --db postgresql+psycopg://worker@dbhost/worker
+      worker fleet --format json
+    """
+    from worker.fleet.status import fleet_view
+    from worker.store.db import database
+
+    cfg = load_config(ctx, db=db)
+    with database(cfg.db, create=False, read_only=True) as engine:
+        view = fleet_view(engine, cfg.fleet.lease_s)
+    if fmt == "json":
+        click.echo(json.dumps(view.as_dict(), indent=2))
+        return
+    click.echo(f"{len(view.members)} run(s) alive")
+    if view.members:
+        columns = ["run", "host", "pid", "mode", "model", "heartbeat_s", "leases", "files/s", "folder"]
+        emit_rows([{"run": m.run, "host": m.host, "pid": m.pid, "mode": m.mode, "model": m.model,
+                    "heartbeat_s": m.heartbeat_s, "leases": m.leases, "files/s": m.rate, "folder": m.root}
+                   for m in view.members], "table", columns)
+    for f in view.folders:
+        states = ", ".join(f"{k} {v}" for k, v in sorted(f.states.items())) or "empty"
+        scanner = f"scanned by run {f.scanner} on {f.scanner_host}" if f.scanner is not None else "no scanner now"
+        last = f"; last full scan {f.last_scan_s:g} s ago" if f.last_scan_s is not None else ""
+        click.echo(f"{f.root} ({f.model}): {states}; {scanner}{last}")

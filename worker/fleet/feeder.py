@@ -25,7 +25,9 @@ from worker.store.wal import reason
 
 log = logging.getLogger("worker.fleet")
 
-CLAIM_MAX = 64  # rows claimed in one transaction at most
+# rows claimed in one transaction at most: a host keeps claiming while its pipeline has room, and a burst of
+# files is shared among the hosts instead of going whole to the first that looks
+CLAIM_MAX = 8
 DB_WAIT_S = 2.0  # the database cannot be reached: tried again this often
 
 
