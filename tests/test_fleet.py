@@ -193,7 +193,7 @@ def test_watchers_share_an_inbox_and_the_scanner_moves_on(tmp_path: Path, sample
         assert wait_for(lambda: rows(url, "SELECT count(*) FROM images WHERE status = 'done'")[0][0] == 300, 120), \
             alive.said()[-3000:]
         assert "now the scanner" in alive.said()
-        alive.signal(signal.SIGINT)
+        alive.signal(signal.SIGTERM)  # (SIGINT is ignored by a test run started in the background)
         assert alive.wait(60) == 0
     finally:
         _stop_all(hosts)

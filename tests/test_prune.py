@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import shutil
+import sqlite3
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -75,6 +77,11 @@ def test_prune_command(tmp_path: Path, samples: Path, ppocr_onnx: Path) -> None:
     out = r.invoke(cli, ["--config", str(conf), "db", "prune", "--before", "90d"])
     assert out.exit_code == 0 and out.output.startswith("pruned 0 images (with their results, labels and timings)")
     assert "freed pages are reused" in out.output
+    with contextlib.closing(sqlite3.connect(tmp_path / "worker.db")) as c:  # a day of a run's heartbeat: pages to free
+        with c:
+            c.executemany("INSERT INTO memory_samples (run_id, at, rss_bytes, fds, threads, queue_depth, images_done) "
+                          "SELECT id, started_at, 1, 1, 1, 0, ? FROM runs", [(i,) for i in range(17_280)])
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     was = (tmp_path / "worker.db").stat().st_size
     out = r.invoke(cli, ["--config", str(conf), "db", "prune", "--before", "2999-01-01", "--vacuum"])
     assert out.exit_code == 0 and out.output.startswith("pruned 1 images") and "1 runs" in out.output, out.output

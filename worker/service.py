@@ -175,6 +175,8 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
         _warn_shared_outbox(db, cfg.outbox, root)
         p = cfg.pipeline
         processes = 1 if fleet else p.processes or default_processes()
+        if fleet and p.processes > 1:
+            log.warning("pipeline.processes: %d is not used in fleet mode, which runs one process per host", p.processes)
         auto_decode, auto_infer = default_threads(on_gpu=engine.on_gpu)  # which, depends on where the model runs
         if processes > 1:  # each prepare process's threads: two decode, one sending its batches here
             auto_decode = PREPARE_PROCESS_THREADS

@@ -76,6 +76,7 @@ class Leases:
             sent = time.monotonic()
             kept = self.queue.renew()
             lost = self._mine - kept
+            lost -= self.queue.still_mine(lost)  # finished by this run since it was claimed, not yet told here
             if lost:
                 log.warning("%d claim(s) passed to other workers while this one held them (its lease ran out: "
                             "paused, or cut off from the database); their results here are discarded", len(lost))

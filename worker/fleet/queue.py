@@ -140,6 +140,14 @@ class ClaimQueue:
         an idle one itself, not one frozen within a pipeline of statements). Returns how many were ended."""
         return len(self.shared.run(_END_EXPIRED, self._key))
 
+    def still_mine(self, claims: set[tuple[int, int]]) -> set[tuple[int, int]]:
+        """Of these claims, those still this run's at their generation, whatever their state (finished by it since)."""
+        if not claims:
+            return set()
+        found = self.shared.run("SELECT id, generation FROM queue WHERE id = ANY(%(ids)s) AND owner = %(me)s",
+                                {**self._key, "ids": [i for i, _ in claims]})
+        return {(i, g) for i, g in found} & claims
+
     def lead(self) -> bool:
         """Take or keep the scanner's lease for this folder; True while this run holds it."""
         return bool(self.shared.run(_LEAD, self._key))
