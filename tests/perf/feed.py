@@ -25,11 +25,12 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: its tests/support helpers
 
+from tests.support.stand_in import stand_in
 from worker.config import default_cache_dir
 from worker.measure.bench.corpus import make_corpus
 from worker.measure.samples import fetch_samples
-from tests.support.stand_in import stand_in
 
 RATE = 250  # py-spy samples per second
 

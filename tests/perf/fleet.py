@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: its tests/support helpers
+
 from tests.support.fleet import ADMIN, fresh_database, rows, start_host, write_config
 from tests.support.stand_in import stand_in
 from worker.config import default_cache_dir, shipped

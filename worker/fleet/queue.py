@@ -51,9 +51,10 @@ FROM unnest(%(rels)s::text[], %(sizes)s::bigint[], %(mtimes)s::bigint[]) AS t(r,
 ORDER BY t.r, t.s, t.m
 ON CONFLICT (model, root, rel_path, size, mtime_ns) DO UPDATE
 SET state = 'queued', owner = NULL, lease_until = NULL, updated_at = now()
-WHERE queue.state IN ('done', 'failed') AND %(requeue)s
-  AND queue.updated_at < now() - make_interval(secs => %(after)s)
+WHERE queue.state IN ('done', 'failed') AND queue.updated_at < now() - make_interval(secs => %(after)s)
 """
+# (DO NOTHING takes no lock on a row already there: a rescan does not contend with the workers' finishes)
+_ENQUEUE_NEW = _ENQUEUE.split("ON CONFLICT")[0] + "ON CONFLICT DO NOTHING"
 
 _CLAIM = """
 UPDATE queue AS q
@@ -119,8 +120,8 @@ class ClaimQueue:
         unless `requeue_after_s` is given and its row was finished longer ago than that (dropped again)."""
         if files:
             rels, sizes, mtimes = (list(column) for column in zip(*files))
-            self.shared.run(_ENQUEUE, {**self._key, "rels": rels, "sizes": sizes, "mtimes": mtimes,
-                                       "requeue": requeue_after_s is not None, "after": requeue_after_s or 0.0},
+            self.shared.run(_ENQUEUE if requeue_after_s is not None else _ENQUEUE_NEW,
+                            {**self._key, "rels": rels, "sizes": sizes, "mtimes": mtimes, "after": requeue_after_s},
                             fetch=False)
 
     def claim(self, k: int, expired: bool = False) -> list[Claim]:

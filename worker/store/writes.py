@@ -200,6 +200,7 @@ class EventWrites:
         """Fleet mode: end each event's claim in the queue, where the claim is still this run's at its
         generation; the events whose claim passed to another worker are noted in `_lost`, and not written."""
         states = {JobStatus.DONE: "done", JobStatus.FAILED: "failed", JobStatus.QUEUED: "claimed"}
+        events = sorted(events, key=lambda e: e.ticket or (0, 0))  # rows locked in id order
         tickets = [e.ticket for e in events if e.ticket is not None]
         won = {row[0] for row in conn.exec_driver_sql(SETTLE, {
             "ids": [t[0] for t in tickets], "gens": [t[1] for t in tickets], "me": self.run_id,
