@@ -16,6 +16,12 @@ class ConfigError(WorkerError):
     exit_code = 2
 
 
+class CheckInputError(WorkerError):
+    """A file given to a parity check (an expected tensor, outputs, an image) cannot be used: one line saying why."""
+
+    exit_code = 2
+
+
 class ModelError(WorkerError):
     """A model cannot be obtained, verified or loaded."""
 

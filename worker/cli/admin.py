@@ -122,19 +122,44 @@ def models_list(ctx: click.Context) -> None:
 
 @models.command("check")
 @click.argument("name")
+@click.option("--image", type=click.Path(path_type=Path, dir_okay=False),
+              help="Run this image through the worker's decode and preprocessing (and, for outputs, the model).")
+@click.option("--expect-input", type=click.Path(path_type=Path, dir_okay=False),
+              help="The network input your own pipeline made of --image (np.save): held to the worker's.")
+@click.option("--expect-output", type=click.Path(path_type=Path, dir_okay=False),
+              help="Your raw outputs for --image: one .npy (the first output) or an .npz of one array per output name.")
+@click.option("--dump", type=click.Path(path_type=Path, file_okay=False),
+              help="Write the worker's tensor and raw outputs for --image here as .npy, with a snippet to compare.")
+@click.option("--atol", type=float, help="Largest absolute difference of the input tensors that passes (default 1e-4).")
+@click.option("--rtol", type=float,
+              help="Largest difference of raw outputs that passes, as a share of your output's largest value "
+                   "(default 1e-3).")
 @click.pass_context
-def models_check(ctx: click.Context, name: str) -> None:
+def models_check(ctx: click.Context, name: str, image: Path | None, expect_input: Path | None,
+                 expect_output: Path | None, dump: Path | None, atol: float | None, rtol: float | None) -> None:
     """Load a card's model and hold it to the card as a start would, without taking any image: print
     the model's inputs and outputs and what the worker feeds and reads; exit 1 with the reason when the
     card contradicts the model.
 
+    With --image and --expect-input (or --expect-output), check that deployment matches training: the
+    worker's tensor for the image, made exactly as `run` and `watch` make it, against the one your own
+    pipeline saved; when they part, the usual mismatches are tried (colour order, normalisation, resize,
+    interpolation, padding, EXIF) and the card key that fixes the closest is named. Exit 0 when every
+    comparison passes, 1 when one does not, 2 when a file given cannot be used.
+
     \b
     Example:
       worker models check my-yolov8
+      worker models check my-classifier --image cat.jpg --expect-input cat_input.npy
+      worker models check my-classifier --image cat.jpg --expect-output cat_logits.npy --dump /tmp/parity
     """
     from worker.models.card import find_card
+    from worker.models.parity import DEFAULT_ATOL, DEFAULT_RTOL
+    from worker.models.parity_check import check_parity
     from worker.service import ready_model
 
+    if (expect_input or expect_output or dump) and image is None:
+        raise click.UsageError("--expect-input, --expect-output and --dump need --image")
     cfg = load_config(ctx)
     m = ready_model(cfg, find_card(cfg.models_dir, name))
     session = m.engine.session
@@ -145,6 +170,15 @@ def models_check(ctx: click.Context, name: str) -> None:
             use = _model_io_use(m.engine, port.name, m.card.postprocess)
             click.echo(f"  {kind:6s} {port.name} {port.type} {list(port.shape)}{use}")
     click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
+    if image is None:
+        return
+    verdict = check_parity(m.card, m.engine, image, expect_input, expect_output, dump,
+                           DEFAULT_ATOL if atol is None else atol, DEFAULT_RTOL if rtol is None else rtol,
+                           cfg.pipeline.max_pixels)
+    for line in verdict.lines:
+        click.echo(line)
+    if not verdict.ok:
+        sys.exit(1)
 
 
 def _model_io_use(engine: Engine, name: str, post: Postprocess) -> str:

@@ -45,12 +45,14 @@ def needed_size(spec: Preprocess, size_hw: tuple[int, int], orig_hw: tuple[int, 
     return int(round(h * s)), int(round(w * s))
 
 
-def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
+def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
+            interpolation: int = cv2.INTER_LINEAR) -> tuple[np.ndarray, Geometry]:
     """BGR (H, W, 3), uint8, uint16 (depth 16) or float32 (depth 32) -> float32 (C, h, w) in the card's
-    colour order and normalisation (C: 3, or 1 for gray)."""
+    colour order and normalisation (C: 3, or 1 for gray). `interpolation`: the worker's is bilinear; the
+    parity check (worker.models.mismatches) tries others."""
     if spec.float_resize and image.dtype != np.float32:
         image = image.astype(np.float32)  # resized unrounded: the card's exporter resized floats
-    resized, geo = resize_for(image, spec, size_hw)
+    resized, geo = resize_for(image, spec, size_hw, interpolation)
     if spec.color == "rgb":
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
     elif spec.color == "gray":  # after the resize: a third of the pixels to convert, the same luma to +-1
@@ -65,14 +67,15 @@ def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tu
     return x, geo
 
 
-def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) -> tuple[np.ndarray, Geometry]:
+def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
+               interpolation: int = cv2.INTER_LINEAR) -> tuple[np.ndarray, Geometry]:
     """(H, W, 3) -> (h, w, 3) of the same dtype, as the card's `resize` says (stretch, stretch sampled
     at (x * W / w, y * H / h), shorter side and centre crop, or letterbox), and the geometry that maps
     it back."""
     h, w = image.shape[:2]
     th, tw = size_hw
     if spec.resize == "stretch":
-        resized = cv2.resize(image, (tw, th), interpolation=cv2.INTER_LINEAR)
+        resized = cv2.resize(image, (tw, th), interpolation=interpolation)
         geo = Geometry((h, w), tw / w, th / h)
     elif spec.resize == "stretch-asymmetric" and max(h, w) >= WARP_MAX:
         resized = _sample(image, np.arange(th) * (h / th), np.arange(tw) * (w / tw), replicate=False)
@@ -93,7 +96,7 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
             ys = (np.arange(top, top + min(th, nh)) + 0.5) * (h / nh) - 0.5
             resized = _sample(image, ys, (np.arange(left, left + min(tw, nw)) + 0.5) * (w / nw) - 0.5)
         else:
-            resized = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)[top:top + th, left:left + tw]
+            resized = cv2.resize(image, (nw, nh), interpolation=interpolation)[top:top + th, left:left + tw]
         if resized.shape[:2] != (th, tw):  # shorter side below the crop size: pad, never fail
             resized = cv2.copyMakeBorder(resized, 0, th - resized.shape[0], 0, tw - resized.shape[1],
                                          cv2.BORDER_CONSTANT, value=(0, 0, 0))
@@ -103,7 +106,7 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int]) ->
         nw, nh = max(int(round(w * s)), 1), max(int(round(h * s)), 1)
         left, top = (tw - nw) // 2, (th - nh) // 2
         resized = np.full((th, tw, 3), spec.pad_value, dtype=image.dtype)  # uint16 at depth 16, float32 at 32
-        resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=cv2.INTER_LINEAR)
+        resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=interpolation)
         # each side's own scale, as resized (nh / h, not s: 213 rows for 400 where s gives 213.3), as
         # Ultralytics maps its boxes back since 8.4 (scale_boxes); s was up to a pixel off at the far edge
         geo = Geometry((h, w), nw / w, nh / h, left, top)
