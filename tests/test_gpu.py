@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from types import SimpleNamespace
@@ -27,6 +29,34 @@ def test_exactly_one_onnxruntime_build_is_installed_here() -> None:
     builds = installed_onnxruntime_builds()
     assert len(builds) == 1, builds
     assert conflicting_builds(builds) is None
+
+
+def _start_engine(tmp_path: Path, effnet_onnx: Path, settings: str) -> subprocess.CompletedProcess:
+    """A session made as a start makes it, in a process of its own: everything it writes, onnxruntime's own
+    native error lines included, is captured."""
+    script = (f"import logging, sys\nlogging.basicConfig(level=logging.INFO, stream=sys.stderr)\n"
+              f"from worker.config import EngineConfig\nfrom worker.runtime.engine import Engine\n"
+              f"e = Engine({str(effnet_onnx)!r}, EngineConfig({settings}), 1)\nprint('active', e.providers)\n")
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+
+
+def test_a_machine_without_a_gpu_is_said_in_one_line(tmp_path: Path, effnet_onnx: Path) -> None:
+    """The install is the GPU build where PyPI has one (as here): on a machine with no NVIDIA driver, CUDA is not
+    asked for (onnxruntime would print its multi-line load error), one line says why, and the CPU runs it; with
+    require_gpu the start is refused, with the reason. The CPU build says nothing: CPU is all it has."""
+    proc = _start_engine(tmp_path, effnet_onnx, "")
+    assert proc.returncode == 0 and "active ['CPUExecutionProvider']" in proc.stdout, proc.stderr
+    said = [line for line in proc.stderr.splitlines() if "CUDA" in line or "onnxruntime:" in line]
+    if installed_onnxruntime_builds() == ("onnxruntime-gpu",):
+        assert len(said) == 1 and said[0].endswith(
+            "CUDA not available here (no NVIDIA driver: libcuda.so.1 not found): running on CPU"), proc.stderr
+    else:
+        assert said == [], proc.stderr
+    refused = _start_engine(tmp_path, effnet_onnx, "require_gpu=True")
+    assert refused.returncode == 1 and "ProviderError: CUDA requested but not available here (" in refused.stderr
+    assert ("no NVIDIA driver" if installed_onnxruntime_builds() == ("onnxruntime-gpu",) else "no CUDA provider") \
+        in refused.stderr
+    assert "[E:onnxruntime" not in refused.stderr + proc.stderr
 
 
 def test_two_builds_are_named_with_the_way_out() -> None:

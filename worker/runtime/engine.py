@@ -7,6 +7,7 @@ when CUDA libraries are missing, so the providers that are really active are rea
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from pathlib import Path
@@ -16,7 +17,7 @@ import onnxruntime as ort
 
 from worker.config import EngineConfig
 from worker.errors import ModelError, ProviderError
-from worker.runtime.gpu import conflicting_builds, installed_onnxruntime_builds
+from worker.runtime.gpu import conflicting_builds, cuda_libraries_missing, cuda_missing, installed_onnxruntime_builds
 from worker.runtime.model_output import ModelOutput, Paired
 from worker.models.card import ModelCard
 
@@ -77,10 +78,13 @@ def wanted_providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]
     cpu: list[str | tuple[str, dict[str, str]]] = ["CPUExecutionProvider"]
     if cfg.providers == "cpu":
         return cpu
-    if "CUDAExecutionProvider" not in ort.get_available_providers():
+    available = tuple(ort.get_available_providers())
+    if (missing := cuda_missing(available)) is not None:
         if cfg.providers == "cuda" or cfg.require_gpu:
-            raise ProviderError(f"CUDA requested but this onnxruntime build has no CUDA provider "
-                                f"(available: {', '.join(ort.get_available_providers())})")
+            raise ProviderError(f"CUDA requested but not available here ({missing}; onnxruntime's providers: "
+                                f"{', '.join(available)})")
+        if "CUDAExecutionProvider" in available:  # a GPU build on a machine without a GPU: said once, in one line
+            _say_once(f"CUDA not available here ({missing}): running on CPU")
         return cpu
     cuda = {
         "device_id": str(cfg.device_id),
@@ -90,6 +94,11 @@ def wanted_providers(cfg: EngineConfig) -> list[str | tuple[str, dict[str, str]]
     if cfg.gpu_mem_limit_mb:
         cuda["gpu_mem_limit"] = str(cfg.gpu_mem_limit_mb * 1024 * 1024)
     return [("CUDAExecutionProvider", cuda), *cpu]
+
+
+@functools.cache  # once per process, however many sessions it makes (the bench makes several)
+def _say_once(line: str) -> None:
+    log.info(line)
 
 
 class Engine:
@@ -123,10 +132,14 @@ class Engine:
         # what the exporter wrote of the model (Ultralytics: task, kpt_shape, end2end, names), read once
         self.metadata: dict[str, str] = dict(self.session.get_modelmeta().custom_metadata_map)
         log.info("onnxruntime %s, active providers: %s", ort.__version__, ", ".join(self.providers))
-        if cfg.require_gpu and "CUDAExecutionProvider" not in self.providers:
-            raise ProviderError(
-                f"engine.require_gpu is set but CUDA is not active (active: {', '.join(self.providers)}; "
-                f"available: {', '.join(ort.get_available_providers())})")
+        if "CUDAExecutionProvider" not in self.providers and len(wanted) > 1:  # asked for, and it did not start
+            why = cuda_libraries_missing() or "see onnxruntime's message above"
+            if cfg.require_gpu:
+                raise ProviderError(f"engine.require_gpu is set but CUDA is not active ({why}; active: "
+                                    f"{', '.join(self.providers)})")
+            _say_once(f"CUDA did not start ({why}): running on CPU")
+        elif cfg.require_gpu and "CUDAExecutionProvider" not in self.providers:
+            raise ProviderError(f"engine.require_gpu is set but CUDA is not active (active: {', '.join(self.providers)})")
         inputs = self.session.get_inputs()
         model_outputs = self.session.get_outputs()
         names = [i.name for i in inputs]

@@ -6,10 +6,14 @@ On CPU the build check finds the one build and no GpuMemory is made.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import functools
+import io
 import logging
 import os
 from importlib import metadata
+from pathlib import Path
 from typing import Any, Sequence
 
 log = logging.getLogger(__name__)
@@ -41,6 +45,52 @@ def conflicting_builds(builds: Sequence[str]) -> str | None:
     return (f"{', '.join(builds)} are installed together; they share the module 'onnxruntime', so which one runs "
             f"depends on the order they were installed in. Keep one: pip uninstall -y {' '.join(builds)} "
             f"&& pip install {keep}")
+
+
+def _driver_library() -> str:
+    return "nvcuda.dll" if os.name == "nt" else "libcuda.so.1"
+
+
+def _provider_library(which: str) -> Path:
+    """onnxruntime's provider library `which` (cuda, shared) in the installed build."""
+    import onnxruntime as ort
+
+    name = f"onnxruntime_providers_{which}.dll" if os.name == "nt" else f"libonnxruntime_providers_{which}.so"
+    return Path(ort.__file__).parent / "capi" / name
+
+
+@functools.cache  # asked by every Engine; the machine does not change while the process runs
+def cuda_missing(available: tuple[str, ...]) -> str | None:
+    """Why CUDA surely cannot run here, in a few words, or None when it may: the build has no CUDA provider,
+    or the machine has no NVIDIA driver. Asked before a session is made, because onnxruntime itself would
+    print a multi-line load error, then run on the CPU anyway."""
+    if "CUDAExecutionProvider" not in available:
+        return "this onnxruntime build has no CUDA provider: pip install onnxruntime-gpu"
+    try:
+        ctypes.CDLL(_driver_library())
+    except OSError:
+        return f"no NVIDIA driver: {_driver_library()} not found"
+    import onnxruntime as ort
+
+    if hasattr(ort, "preload_dlls"):  # onnxruntime >= 1.21: the nvidia-* wheels' libraries, without LD_LIBRARY_PATH
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                ort.preload_dlls()
+        except Exception as e:
+            log.debug("onnxruntime.preload_dlls: %s", e)
+    return None
+
+
+def cuda_libraries_missing() -> str | None:
+    """Where a driver is there but CUDA did not start: which of CUDA's or cuDNN's libraries does not load, said
+    the way onnxruntime loads its CUDA provider (after its shared provider library, loaded globally)."""
+    try:
+        ctypes.CDLL(str(_provider_library("shared")), mode=ctypes.RTLD_GLOBAL)
+        ctypes.CDLL(str(_provider_library("cuda")))
+    except OSError as e:  # "libcublasLt.so.13: cannot open shared object file": the first library missing
+        missing = str(e).split(":")[0].strip() if "cannot open" in str(e) else str(e)
+        return f"CUDA's libraries do not load ({missing}): pip install -e '.[cuda]' adds them"
+    return None
 
 
 def nvml_index(device_id: int, visible: str | None) -> int | str:
