@@ -44,6 +44,11 @@ def yolo_onnx() -> Path:
     return pull(find_card(ROOT / "models", "yolov3-tiny"), CACHE)
 
 
+@pytest.fixture(scope="session")
+def selfie_onnx() -> Path:
+    return pull(find_card(ROOT / "models", "selfie"), CACHE)
+
+
 def run_on(tmp: Path, samples: Path, names, model: str):
     """Copy sample images into a folder and `run` the model over them; returns (config, summary)."""
     import shutil

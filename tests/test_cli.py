@@ -588,9 +588,12 @@ def test_version_says_the_workers_onnxruntimes_and_pythons() -> None:
 
     import worker
 
+    from worker.runtime.gpu import installed_onnxruntime_builds
+
+    (build,) = installed_onnxruntime_builds()  # the GPU build on Linux and Windows on x86_64, else the CPU build
     out = CliRunner().invoke(cli, ["--version"])
     assert out.exit_code == 0
-    assert out.output == f"worker {worker.__version__} (onnxruntime {version('onnxruntime')}, " \
+    assert out.output == f"worker {worker.__version__} ({build} {version(build)}, " \
                          f"Python {platform.python_version()})\n"
     assert version("worker") == worker.__version__  # pyproject.toml takes it from the package
 

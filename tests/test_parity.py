@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import click
 import cv2
 import numpy as np
 import pytest
@@ -16,19 +15,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from tests.conftest import REFERENCE, ROOT
-from tests.support.cli import config_file
+from tests.support.cli import config_file, main_as_command
 from worker.cli import cli
-from worker.cli.group import main
-
-
-@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
-@click.pass_context
-def main_as_command(ctx: click.Context) -> None:
-    """`main()` (the console script) under CliRunner: it reads sys.argv."""
-    import sys
-
-    sys.argv = ["worker", *ctx.args]
-    main()
 
 ASTRONAUT_INPUT = REFERENCE / "efficientnet_lite0_astronaut_input.npy"
 ASTRONAUT_LOGITS = REFERENCE / "efficientnet_lite0_astronaut_logits.npy"

@@ -26,11 +26,6 @@ REF = json.loads((REFERENCE / "selfie.json").read_text())
 
 
 @pytest.fixture(scope="module")
-def selfie_onnx() -> Path:
-    return pull(find_card(ROOT / "models", "selfie"), CACHE)
-
-
-@pytest.fixture(scope="module")
 def tflite_file(selfie_onnx: Path) -> Path:
     """The .tflite the ONNX file was built from, as `pull` left it in the cache."""
     return selfie_onnx.parent / "files" / "selfie_segmentation.tflite"

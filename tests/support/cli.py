@@ -1,11 +1,12 @@
-"""The CLI as the tests drive it: a config file with every writable path in a test folder, and `worker run`
-over sample images."""
+"""The CLI as the tests drive it: a config file with every writable path in a test folder, `worker run` over
+sample images, and `main()` as the console script runs it."""
 
 from __future__ import annotations
 
 import shutil
 from pathlib import Path
 
+import click
 from click.testing import CliRunner
 
 from tests.conftest import CACHE, ROOT
@@ -32,3 +33,15 @@ def cli_run(tmp_path: Path, samples: Path, names: tuple[str, ...], config: str) 
     out = r.invoke(cli, ["--config", str(conf), "run", str(folder), "--no-progress"])
     assert out.exit_code == 0, out.output
     return conf, r
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.pass_context
+def main_as_command(ctx: click.Context) -> None:
+    """`main()` (the console script: a WorkerError as one `error:` line and its exit code) under CliRunner."""
+    import sys
+
+    from worker.cli.group import main
+
+    sys.argv = ["worker", *ctx.args]
+    main()

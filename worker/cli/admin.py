@@ -11,8 +11,10 @@ import click
 from worker import config as config_mod
 
 if TYPE_CHECKING:
+    from worker.config import Config
     from worker.runtime.engine import Engine
     from worker.models.card import Postprocess
+    from worker.service import ReadyModel
 from worker.cli.args import cutoff_time, optional_time
 from worker.cli.group import cli, db_option, load_config, model_filter, path_filter, run_filter
 from worker.cli.render import emit_rows, yaml_value
@@ -130,13 +132,24 @@ def models_list(ctx: click.Context) -> None:
               help="Your raw outputs for --image: one .npy (the first output) or an .npz of one array per output name.")
 @click.option("--dump", type=click.Path(path_type=Path, file_okay=False),
               help="Write the worker's tensor and raw outputs for --image here as .npy, with a snippet to compare.")
+@click.option("--images", type=click.Path(path_type=Path, file_okay=False, exists=True),
+              help="Run every image under this folder as `run` does, and compare the results with --expect-results.")
+@click.option("--expect-results", type=click.Path(path_type=Path),
+              help="Your results for --images: JSON or CSV of labels or boxes per image, a COCO results JSON, or a "
+                   "folder of YOLO .txt files or PNG masks (docs/parity.md).")
+@click.option("--min-agreement", type=float,
+              help="Below this the results fail: top-1 agreement (classify, default 0.99), share of boxes matched "
+                   "(detect, 0.95), mean mask IoU (segment, 0.95).")
+@click.option("--iou", "iou_min", type=float, default=0.9, show_default=True,
+              help="A worker box matches one of yours of the same class at this IoU or more.")
 @click.option("--atol", type=float, help="Largest absolute difference of the input tensors that passes (default 1e-4).")
 @click.option("--rtol", type=float,
               help="Largest difference of raw outputs that passes, as a share of your output's largest value "
                    "(default 1e-3).")
 @click.pass_context
 def models_check(ctx: click.Context, name: str, image: Path | None, expect_input: Path | None,
-                 expect_output: Path | None, dump: Path | None, atol: float | None, rtol: float | None) -> None:
+                 expect_output: Path | None, dump: Path | None, images: Path | None, expect_results: Path | None,
+                 min_agreement: float | None, iou_min: float, atol: float | None, rtol: float | None) -> None:
     """Load a card's model and hold it to the card as a start would, without taking any image: print
     the model's inputs and outputs and what the worker feeds and reads; exit 1 with the reason when the
     card contradicts the model.
@@ -144,14 +157,16 @@ def models_check(ctx: click.Context, name: str, image: Path | None, expect_input
     With --image and --expect-input (or --expect-output), check that deployment matches training: the
     worker's tensor for the image, made exactly as `run` and `watch` make it, against the one your own
     pipeline saved; when they part, the usual mismatches are tried (colour order, normalisation, resize,
-    interpolation, padding, EXIF) and the card key that fixes the closest is named. Exit 0 when every
-    comparison passes, 1 when one does not, 2 when a file given cannot be used.
+    interpolation, padding, EXIF) and the card key that fixes the closest is named. With --images and
+    --expect-results, the final results of a folder against yours. Exit 0 when every comparison
+    passes, 1 when one does not, 2 when a file given cannot be used.
 
     \b
     Example:
       worker models check my-yolov8
       worker models check my-classifier --image cat.jpg --expect-input cat_input.npy
       worker models check my-classifier --image cat.jpg --expect-output cat_logits.npy --dump /tmp/parity
+      worker models check my-yolov8 --images val/images --expect-results runs/val/predictions.json
     """
     from worker.models.card import find_card
     from worker.models.parity import DEFAULT_ATOL, DEFAULT_RTOL
@@ -160,6 +175,8 @@ def models_check(ctx: click.Context, name: str, image: Path | None, expect_input
 
     if (expect_input or expect_output or dump) and image is None:
         raise click.UsageError("--expect-input, --expect-output and --dump need --image")
+    if (images is None) != (expect_results is None):
+        raise click.UsageError("--images and --expect-results go together")
     cfg = load_config(ctx)
     m = ready_model(cfg, find_card(cfg.models_dir, name))
     session = m.engine.session
@@ -170,15 +187,33 @@ def models_check(ctx: click.Context, name: str, image: Path | None, expect_input
             use = _model_io_use(m.engine, port.name, m.card.postprocess)
             click.echo(f"  {kind:6s} {port.name} {port.type} {list(port.shape)}{use}")
     click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
+    ok = True
+    if images is not None and expect_results is not None:
+        ok = _check_results(cfg, m, images, expect_results, min_agreement, iou_min)
     if image is None:
-        return
+        sys.exit(0 if ok else 1)
     verdict = check_parity(m.card, m.engine, image, expect_input, expect_output, dump,
                            DEFAULT_ATOL if atol is None else atol, DEFAULT_RTOL if rtol is None else rtol,
                            cfg.pipeline.max_pixels)
     for line in verdict.lines:
         click.echo(line)
-    if not verdict.ok:
+    if not (verdict.ok and ok):
         sys.exit(1)
+
+
+def _check_results(cfg: Config, m: ReadyModel, images: Path, expected: Path, minimum: float | None,
+                   iou_min: float) -> bool:
+    from worker.intake.scan import walk
+    from worker.models.agreement import check_results
+
+    found = [(p.relative_to(images).as_posix(), p) for p in walk(images, cfg.extensions)]
+    result = check_results(m.card, m.engine, m.adapter, found, expected, cfg.pipeline.max_pixels, minimum, iou_min)
+    for line in result.lines:
+        click.echo(line)
+    if result.rows:
+        emit_rows([{"image": r.image, "agreement": round(r.agreement, 3), "worker": r.worker, "yours": r.yours,
+                    "detail": r.detail} for r in result.rows], "table", ["image", "agreement", "worker", "yours", "detail"])
+    return result.ok
 
 
 def _model_io_use(engine: Engine, name: str, post: Postprocess) -> str:
