@@ -92,18 +92,23 @@ def test_hosts_share_a_folder_each_image_once(tmp_path: Path, samples: Path, url
     assert sum(len(_claims_of(url, r)) for (r,) in rows(url, "SELECT id FROM runs")) == 0
 
 
+def _frozen_with_claims(url: str, conf: Path, name: str, at_least: int) -> tuple[Host, list[int]]:
+    """Host `name` running `worker run in`, stopped (SIGSTOP) once it holds `at_least` claims; and those claims."""
+    host = start_host(conf, name, "run", "in")
+    assert wait_for(lambda: len(_claims_of(url, _run_id_of(url, name))) >= at_least, 60), host.said()
+    host.signal(signal.SIGSTOP)
+    return host, _claims_of(url, _run_id_of(url, name))
+
+
 def test_a_killed_host_files_are_taken_by_the_others(tmp_path: Path, samples: Path, url: str, models: Path) -> None:
     """kill -9 of a host holding claims (frozen first, so that it dies holding them): the others, still running,
     take its files once its lease passes (one at a time: charged alone), and return with every image done once."""
     can_make_hosts()
     make_corpus(tmp_path / "in", samples, n=N, bad=0)
     conf = write_config(tmp_path, url, models, lease_s=2.0)
-    victim = start_host(conf, "victim", "run", "in")
+    victim, held = _frozen_with_claims(url, conf, "victim", 5)
     hosts = [victim]
     try:
-        assert wait_for(lambda: len(_claims_of(url, _run_id_of(url, "victim"))) >= 5, 60), victim.said()
-        victim.signal(signal.SIGSTOP)
-        held = _claims_of(url, _run_id_of(url, "victim"))
         hosts += [start_host(conf, f"host{i}", "run", "in") for i in range(2)]
         assert wait_for(lambda: _run_id_of(url, "host0") and _run_id_of(url, "host1"), 60)
         victim.signal(signal.SIGKILL)
@@ -124,12 +129,9 @@ def test_a_paused_host_late_results_are_discarded(tmp_path: Path, samples: Path,
     can_make_hosts()
     make_corpus(tmp_path / "in", samples, n=N, bad=0)
     conf = write_config(tmp_path, url, models, lease_s=2.0, outputs="{errors: true}")
-    paused = start_host(conf, "paused", "run", "in")
+    paused, held = _frozen_with_claims(url, conf, "paused", 20)
     hosts = [paused]
     try:
-        assert wait_for(lambda: len(_claims_of(url, _run_id_of(url, "paused"))) >= 20, 60), paused.said()
-        paused.signal(signal.SIGSTOP)
-        held = _claims_of(url, _run_id_of(url, "paused"))
         hosts += [start_host(conf, f"host{i}", "run", "in") for i in range(2)]
         assert [h.wait(120) for h in hosts[1:]] == [0, 0], [h.said()[-3000:] for h in hosts]
         outputs = {p: p.stat().st_mtime_ns for p in (tmp_path / "outbox").rglob("*.json")}

@@ -1,23 +1,16 @@
 """The claim queue's statements (PostgreSQL): enqueue, claim with FOR UPDATE SKIP LOCKED, renew, settle.
+A row's state is queued, claimed, done or failed (docs/database.md#fleet).
 
 Each is one short transaction on the worker's shared connection; rows are locked in key order, and a
 transaction that loses a race anyway (deadlock, serialization failure) is run again at once."""
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Sequence
 
 from worker.store.shared import SharedConnection
-
-
-class QueueState(str, enum.Enum):
-    QUEUED = "queued"
-    CLAIMED = "claimed"
-    DONE = "done"
-    FAILED = "failed"
 
 
 @dataclass(frozen=True)
