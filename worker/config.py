@@ -122,6 +122,8 @@ class MetricsConfig:
     # watcher's status line, in `worker run`'s log and by `worker health`; 0 and 0 never say it
     low_disk_gb: float = 2.0
     low_disk_percent: float = field(default=5.0, metadata={"at_most": 100})
+    port: int = field(default=0, metadata={"at_least": 0, "at_most": 65535})  # Prometheus metrics on this port (watch, run); 0: none
+    host: str = "127.0.0.1"  # the address the metrics are served on (0.0.0.0: every interface)
 
 
 @dataclass(frozen=True)
@@ -313,6 +315,8 @@ def build(cls: type[T], raw: Any, file: str, prefix: str) -> T:
             raise ConfigError(f"{file}: '{prefix}{key}' must be more than 0, got {value!r}")
         if (top := fields[key].metadata.get("at_most")) is not None and kwargs[key] > top:
             raise ConfigError(f"{file}: '{prefix}{key}' must be at most {top}, got {value!r}")
+        if (bottom := fields[key].metadata.get("at_least")) is not None and kwargs[key] < bottom:
+            raise ConfigError(f"{file}: '{prefix}{key}' must be at least {bottom}, got {value!r}")
     return cls(**kwargs)
 
 

@@ -22,8 +22,10 @@ log = logging.getLogger("worker")
 
 
 def load_config(ctx: click.Context, inputs: InputAction | None = None, pages: Pages | None = None,
-          **overrides: Any) -> Config:
+                metrics_port: int | None = None, **overrides: Any) -> Config:
     cfg = config_mod.load(ctx.obj["config_path"]).with_overrides(**overrides)
+    if metrics_port is not None:  # --metrics-port
+        cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, port=metrics_port))
     if inputs is not None:  # --inputs: for the command it is given to (watch or run)
         field: dict[str, InputAction] = {str(ctx.command.name): inputs}
         cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, **field))
@@ -57,6 +59,11 @@ inputs_option = click.option(
     help="What becomes of each input once recorded: move (to the archive), keep, or delete (done ones; failed "
          "ones are moved to the archive). Default: config inputs.watch (move) or inputs.run (keep).")
 
+
+metrics_port_option = click.option(
+    "--metrics-port", type=click.IntRange(0, 65535),
+    help="Serve Prometheus metrics on this port (/metrics, on metrics.host, 127.0.0.1 by default); 0: none. "
+         "Default: config metrics.port (0).")
 
 pages_option = click.option(
     "--pages", type=click.Choice(["first", "all"]),

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from worker.cli.group import cli, inputs_option, load_config, pages_option, with_paths
+from worker.cli.group import cli, inputs_option, load_config, metrics_port_option, pages_option, with_paths
 from worker.cli.render import print_summary
 from worker.cli.signals import two_stage_stop
 
@@ -19,6 +19,7 @@ from worker.cli.signals import two_stage_stop
 @click.option("--create", is_flag=True, help="Make the inbox if it does not exist (config: watch.create_inbox).")
 @inputs_option
 @pages_option
+@metrics_port_option
 @click.pass_context
 def watch(ctx: click.Context, create: bool, **overrides: Any) -> None:
     """Watch the inbox and process every image that arrives; Ctrl-C stops.
@@ -30,6 +31,7 @@ def watch(ctx: click.Context, create: bool, **overrides: Any) -> None:
     \b
     Example:
       worker watch --inbox /srv/scans/in --outbox /srv/scans/out
+      worker watch --metrics-port 9464
     """
     from worker.service import watch as watch_inbox
 
@@ -47,6 +49,7 @@ def watch(ctx: click.Context, create: bool, **overrides: Any) -> None:
 @with_paths()
 @inputs_option
 @pages_option
+@metrics_port_option
 @click.pass_context
 def run_cmd(ctx: click.Context, folder: Path, no_progress: bool, **overrides: Any) -> None:
     """Process every image under FOLDER once; a rerun skips images already done.

@@ -32,6 +32,7 @@ from worker.runtime.gpu import GpuMemory
 from worker.images import decode
 from worker.intake.jobs import Job, JobStatus
 from worker.host.memory import MemorySampler
+from worker.measure.prometheus import Metrics
 from worker.models.card import ModelCard, accepted_digests
 from worker.host.names import as_text, on_disk
 from worker.outputs.outbox import Outbox
@@ -83,10 +84,12 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
     def __init__(self, *, card: ModelCard, engine: Engine, adapter: TaskAdapter, recorder: Recorder,
                  outbox: Outbox, db: DbEngine, settings: Settings,
                  on_finished: Callable[[Job, JobStatus], None] | None = None,
-                 leases: Leases | None = None, shared: SharedConnection | None = None) -> None:
-        """Fleet mode: `leases` fences each claimed file's outputs; `shared`, the connection its skip checks use."""
+                 leases: Leases | None = None, shared: SharedConnection | None = None,
+                 metrics: Metrics | None = None) -> None:
+        """Fleet mode: `leases` fences each claimed file's outputs; `shared`, the connection its skip checks use.
+        `metrics`: Prometheus's stage histograms, observed as each image finishes."""
         self.card, self.engine, self.adapter = card, engine, adapter
-        self.leases = leases
+        self.leases, self.metrics = leases, metrics
         self.recorder, self.outbox, self.settings = recorder, outbox, settings
         self.on_finished = on_finished
         self.counts = Counts()

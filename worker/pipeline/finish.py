@@ -100,6 +100,8 @@ class FinishStage(StageState):
         if job.ticket is not None:
             event = dataclasses.replace(event, ticket=job.ticket)
         self.recorder.put(event)
+        if self.metrics is not None:
+            self.metrics.observe(event.timings)
         status = event.status
         if status is JobStatus.DONE:
             self.counts.done += 1
