@@ -56,7 +56,6 @@ class Feeder:
         self.room, self.poll_s = room, poll_s
         self.leading = False
         self._led_at = -float("inf")  # time.monotonic() of the last take or renewal of the scanner's lease
-        self._fenced_at = -float("inf")  # ... of the last look for sessions of workers whose leases passed
         self.since: datetime = queue.now()  # when this run joined, in the server's clock
 
     def run(self, stop: threading.Event, burst: bool, check: Callable[[], object] | None = None) -> None:
@@ -112,14 +111,13 @@ class Feeder:
     def _take_over_one(self, stop: threading.Event) -> bool:
         """A file whose claimer's lease passed (a dead or paused host): processed alone, and waited for, so that a
         file that kills workers is charged alone and reaches quarantine without its neighbours."""
-        if time.monotonic() - self._fenced_at >= self.queue.lease_s / RENEWALS_PER_LEASE:
-            self._fenced_at = time.monotonic()
-            if n := self.queue.end_expired_sessions():
-                log.warning("ended %d database session(s) of workers whose leases ran out", n)
         claims = self.leases.claim(1, expired=True)
         if not claims:
             return False
         c = claims[0]
+        if c.previous_owner is not None:  # the locks its open transactions hold go with its sessions
+            if n := self.queue.end_sessions_of(c.previous_owner):
+                log.warning("ended %d database session(s) of run %d, whose lease ran out", n, c.previous_owner)
         log.warning("%s was claimed by a worker whose lease ran out (dead, or cut off): processing it on its own",
                     c.rel)
         self.pipeline.submit(self._job(c))

@@ -22,7 +22,7 @@ class Claim:
     size: int
     mtime_ns: int
     generation: int
-    taken_over: bool  # its previous owner's lease expired while it held it
+    previous_owner: int | None  # the run whose lease on it expired (dead, frozen or cut off); None: it was queued
 
     @property
     def ticket(self) -> tuple[int, int]:
@@ -53,12 +53,12 @@ _CLAIM = """
 UPDATE queue AS q
 SET state = 'claimed', owner = %(me)s, generation = q.generation + 1, attempts = q.attempts + 1,
     lease_until = now() + make_interval(secs => %(lease)s), updated_at = now()
-FROM (SELECT id, state = 'claimed' AS expired FROM queue
+FROM (SELECT id, CASE WHEN state = 'claimed' THEN owner END AS previous_owner FROM queue
       WHERE model = %(model)s AND root = %(root)s
         AND (CASE WHEN %(expired)s THEN state = 'claimed' AND lease_until < now() ELSE state = 'queued' END)
       ORDER BY id LIMIT %(k)s FOR UPDATE SKIP LOCKED) AS c
 WHERE q.id = c.id
-RETURNING q.id, q.rel_path, q.size, q.mtime_ns, q.generation, c.expired
+RETURNING q.id, q.rel_path, q.size, q.mtime_ns, q.generation, c.previous_owner
 """
 
 _RENEW = """
@@ -81,11 +81,9 @@ RETURNING q.id
 # the runs alive: not finished, and renewing (a run renews at its start, then RENEWALS_PER_LEASE times per lease)
 ALIVE = "SELECT id FROM runs WHERE finished_at IS NULL AND heartbeat_at > now() - make_interval(secs => 2 * %(lease)s)"
 
-_END_EXPIRED = """
+_END_SESSIONS = """
 SELECT pg_terminate_backend(a.pid) FROM pg_stat_activity AS a JOIN runs AS r ON a.application_name = r.session
-WHERE a.datname = current_database() AND r.id <> %(me)s AND r.id IN (
-    SELECT DISTINCT owner FROM queue WHERE model = %(model)s AND root = %(root)s AND state = 'claimed'
-                                       AND lease_until < now())
+WHERE a.datname = current_database() AND r.id = %(owner)s AND r.id <> %(me)s
 """
 
 _LEAD = """
@@ -128,11 +126,11 @@ class ClaimQueue:
         """Extend every lease this run holds (and its heartbeat); returns the claims still its own."""
         return {(i, g) for i, g in self.shared.run(_RENEW, self._key)}
 
-    def end_expired_sessions(self) -> int:
-        """End the database sessions of the runs whose claims on this folder have passed (dead, frozen or cut off):
-        a frozen worker's open transaction would otherwise hold the rows it locked until it thaws (PostgreSQL ends
+    def end_sessions_of(self, owner: int) -> int:
+        """End the database sessions of run `owner`, whose lease on a claim passed (dead, frozen or cut off): a
+        frozen worker's open transaction would otherwise hold the rows it locked until it thaws (PostgreSQL ends
         an idle one itself, not one frozen within a pipeline of statements). Returns how many were ended."""
-        return len(self.shared.run(_END_EXPIRED, self._key))
+        return len(self.shared.run(_END_SESSIONS, {**self._key, "owner": owner}))
 
     def still_mine(self, claims: set[tuple[int, int]]) -> set[tuple[int, int]]:
         """Of these claims, those still this run's at their generation, whatever their state (finished by it since)."""

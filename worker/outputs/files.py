@@ -4,6 +4,7 @@ crash left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -14,6 +15,7 @@ import stat
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -69,6 +71,53 @@ def _owner_suffix() -> str:
     return f".{os.getpid()}.{threading.get_native_id()}"
 
 
+class Staged:
+    """The output files of one image written under temporary names, and the removals its outcome calls for, made
+    only when `settle(True)`: published once the outcome's commit won (fleet mode: a worker whose claim passed
+    to another while it worked never replaces nor removes that one's outputs)."""
+
+    def __init__(self) -> None:
+        self.renames: list[tuple[Path, Path]] = []
+        self.removals: list[Path] = []
+
+    def settle(self, publish: bool) -> None:
+        """Rename the temporaries into place and make the removals (publish), or delete the temporaries."""
+        for tmp, path in self.renames:
+            if publish:
+                os.replace(tmp, path)
+            else:
+                tmp.unlink(missing_ok=True)
+        for path in self.removals if publish else ():
+            path.unlink(missing_ok=True)
+        self.renames, self.removals = [], []
+
+
+_staging = threading.local()  # the Staged of the block `staged()` runs on this thread, if any
+
+
+@contextlib.contextmanager
+def staged() -> Iterator[Staged]:
+    """While the block runs, this thread's write_atomic and remove_output are held in a Staged (discarded if the
+    block raises)."""
+    stage = _staging.stage = Staged()
+    try:
+        yield stage
+    except BaseException:
+        stage.settle(False)
+        raise
+    finally:
+        _staging.stage = None
+
+
+def remove_output(path: Path) -> None:
+    """Remove an output file (an earlier outcome's), now or, in a `staged()` block, when its stage is published."""
+    stage: Staged | None = getattr(_staging, "stage", None)
+    if stage is not None:
+        stage.removals.append(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write `data` to a temporary name beside `path`, then rename it over `path`.
 
@@ -84,10 +133,14 @@ def write_atomic(path: Path, data: bytes) -> None:
     except FileNotFoundError:  # first file in this folder (a mkdir per file would cost a syscall each time)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, flags, 0o666)
+    stage: Staged | None = getattr(_staging, "stage", None)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        if stage is not None:
+            stage.renames.append((tmp, path))
+        else:
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

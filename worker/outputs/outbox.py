@@ -23,7 +23,7 @@ from worker.host.mounts import network_filesystem
 from worker.host.names import as_text
 from worker.tasks.results import ClassMask, Detections, Mask, Result
 from worker.outputs.yolo_txt import yolo_txt
-from worker.outputs.files import FULL, TMP_PREFIX, _owner_suffix, fit_name, inside, write_atomic
+from worker.outputs.files import FULL, TMP_PREFIX, _owner_suffix, fit_name, inside, remove_output, write_atomic
 
 
 ROOM_PROBE_BYTES = 1 << 16
@@ -118,7 +118,7 @@ class Outbox:
         error_rel = out + ERROR_SUFFIX
         write_atomic(self._inside(error_rel), json.dumps(document, ensure_ascii=False).encode())
         for suffix in RESULT_SUFFIXES:
-            self._inside(out + suffix).unlink(missing_ok=True)
+            remove_output(self._inside(out + suffix))
         if self._every_outcome_drops_pages or frames > 1:
             self._drop_pages(out, 0)
         return error_rel
@@ -170,7 +170,7 @@ class Outbox:
             json_rel = out + ".json"
             write_atomic(self._inside(json_rel), json.dumps(document, ensure_ascii=False).encode())
         if self.write_errors:  # an earlier failure of this name (retried, or dropped again) is over
-            self._inside(out + ERROR_SUFFIX).unlink(missing_ok=True)
+            remove_output(self._inside(out + ERROR_SUFFIX))
         if self._every_outcome_drops_pages or frames > 1:
             self._drop_pages(out, pages)
         return None if json_rel is None else as_text(json_rel)

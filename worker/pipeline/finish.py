@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import queue
@@ -12,6 +13,7 @@ from typing import Any
 from worker.errors import OutboxFull, WorkerError
 from worker.intake.jobs import Job, JobStatus
 from worker.tasks.results import labels_of, top_score
+from worker.outputs.files import staged
 from worker.store.events import Commit, Finished, Settled
 from worker.pipeline.items import Item, STOP, WAKE
 from worker.pipeline.state import StageState
@@ -79,26 +81,15 @@ class FinishStage(StageState):
             settled = Settled(job.ticket, committed=self._committed())
             self.recorder.put(settled)
             return JobStatus.DONE, settled.committed
-        event: Finished
-        t0 = time.perf_counter()
-        if item.error is None and (item.book is not None or (item.output is not None and item.geometry is not None)):
-            try:
-                event = self._succeed(item, t0) if item.book is None else self._succeed_pages(item, item.book)
-            except OutboxFull as e:
-                self._defer(item, e)
-                return JobStatus.QUEUED, None
-            except OSError as e:  # the outbox's disk, not the image (disk full, read-only): no traceback
-                item.error = f"cannot write its outputs under {self.outbox.root}: {e.strerror or e}"
-            except Exception as e:
-                log.exception("postprocess/write %s", job.key)
-                item.error = f"{type(e).__name__}: {e}"
-        if item.error is not None:
-            log.warning("failed: %s: %s", job.key, item.error)
-            self._write_error(item)
-            event = Finished(job.key, item.sha256, item.size, JobStatus.FAILED, error=item.error,
-                             timings=self._timings(item), committed=self._committed())
-        if job.ticket is not None:
-            event = dataclasses.replace(event, ticket=job.ticket)
+        # fleet mode: the outputs are published only once the outcome's commit wins the claim's fence
+        with staged() if job.ticket is not None else contextlib.nullcontext() as stage:
+            event = self._outcome(item)
+        if event is None:
+            if stage is not None:
+                stage.settle(False)
+            return JobStatus.QUEUED, None  # waits for room in the outbox
+        if job.ticket is not None and stage is not None:
+            event = dataclasses.replace(event, ticket=job.ticket, committed=Commit(then=stage.settle))
         self.recorder.put(event)
         if self.metrics is not None:
             self.metrics.observe(event.timings)
@@ -112,6 +103,27 @@ class FinishStage(StageState):
         else:
             self.counts.failed += 1
         return status, event.committed
+
+    def _outcome(self, item: Item) -> Finished | None:
+        """Write the image's outputs (or its error file) and make its outcome; None when the outbox has no room
+        (the image waits for it)."""
+        job = item.job
+        t0 = time.perf_counter()
+        if item.error is None and (item.book is not None or (item.output is not None and item.geometry is not None)):
+            try:
+                return self._succeed(item, t0) if item.book is None else self._succeed_pages(item, item.book)
+            except OutboxFull as e:
+                self._defer(item, e)
+                return None
+            except OSError as e:  # the outbox's disk, not the image (disk full, read-only): no traceback
+                item.error = f"cannot write its outputs under {self.outbox.root}: {e.strerror or e}"
+            except Exception as e:
+                log.exception("postprocess/write %s", job.key)
+                item.error = f"{type(e).__name__}: {e}"
+        log.warning("failed: %s: %s", job.key, item.error)
+        self._write_error(item)
+        return Finished(job.key, item.sha256, item.size, JobStatus.FAILED, error=item.error,
+                        timings=self._timings(item), committed=self._committed())
 
     def _document_head(self, item: Item, status: JobStatus) -> dict[str, Any]:
         """The keys every outbox JSON starts with, result or error file (docs/outputs.md)."""

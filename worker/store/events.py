@@ -3,10 +3,11 @@ event's transaction has ended whether it is in the database."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Union
+from typing import Any, Callable, Union
 
 
 from worker.intake.jobs import JobStatus
@@ -31,7 +32,10 @@ LEASE_LOST = 0
 class Commit:
     """Set by the recorder once an event's transaction has ended; `wait()` says whether it is recorded."""
 
-    def __init__(self) -> None:
+    def __init__(self, then: Callable[[bool], None] | None = None) -> None:
+        """`then(recorded)`: called once the transaction has ended, on the recorder's thread (fleet mode publishes
+        an image's staged outputs there, or discards them)."""
+        self._then = then
         self._ended = threading.Event()
         self._recorded = False
         # a claim: the run of another live worker that holds the image; a fleet finish: LEASE_LOST
@@ -39,6 +43,11 @@ class Commit:
 
     def set(self, recorded: bool = True, taken_by: int | None = None) -> None:
         self._recorded, self.taken_by = recorded, taken_by
+        if self._then is not None:
+            try:
+                self._then(recorded)
+            except Exception:  # an output that cannot be published must not stop the recorder: logged
+                logging.getLogger(__name__).exception("after the commit of an image's outcome")
         self._ended.set()
 
     def is_set(self) -> bool:
