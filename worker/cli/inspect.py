@@ -1,4 +1,4 @@
-"""The commands that read what the worker recorded: `query`, `stats`, `health`, `fleet` and `export coco`."""
+"""The commands that read what the worker recorded: `query`, `stats`, `health`, `fleet`, `report` and `export coco`."""
 
 from __future__ import annotations
 
@@ -297,3 +297,35 @@ def fleet(ctx: click.Context, fmt: str, db: str | None) -> None:
         scanner = f"scanned by run {f.scanner} on {f.scanner_host}" if f.scanner is not None else "no scanner now"
         last = f"; last full scan {f.last_scan_s:g} s ago" if f.last_scan_s is not None else ""
         click.echo(f"{f.root} ({f.model}): {states}; {scanner}{last}")
+
+
+@cli.command()
+@click.option("--run", "run_id", type=int, help="One run (default: the latest).")
+@click.option("--last", type=click.IntRange(min=1), default=1, show_default=True, help="The last K runs.")
+@click.option("--since", help="The runs active at or after: an ISO time (UTC if no zone) or an age, e.g. 7d.")
+@click.option("--until", help="The runs started before: an ISO time or an age, as --since.")
+@click.option("--model", help="Only runs of this model.")
+@click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=Path("report.html"),
+              show_default=True, help="The HTML file to write.")
+@db_option
+@click.pass_context
+def report(ctx: click.Context, run_id: int | None, last: int, since: str | None, until: str | None,
+           model: str | None, output: Path, db: str | None) -> None:
+    """Write one self-contained HTML file of what the database knows of some runs: throughput, latency
+    over time and by stage, memory with its trend after the warm-up and the verdict, failures by reason,
+    labels and scores, and a gallery of the slowest, failed and done images. It opens offline, from the
+    file, in any browser.
+
+    \b
+    Example:
+      worker report -o night.html
+      worker report --last 3 --model efficientnet-lite0
+    """
+    from worker.report.make import write_report
+
+    cfg = load_config(ctx, db=db)
+    written = write_report(cfg.db, output, cfg.outbox.absolute(), run_id=run_id, last=last,
+                           since=optional_time(since), until=optional_time(until), model=model,
+                           warmup_s=cfg.metrics.warmup_s, max_slope_mb_per_h=cfg.soak.max_rss_slope_mb_per_h)
+    click.echo(f"wrote {written.path} ({written.size // 1024} KB): run(s) {', '.join(map(str, written.runs))}, "
+               f"{written.images} images")

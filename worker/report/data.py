@@ -1,0 +1,173 @@
+"""What a report shows, gathered with SQL aggregates (portable: SQLite and PostgreSQL): the runs and their
+`worker stats` (worker.store.queries.run_stats: one owner for the statistics), then time series by bucket,
+failures by reason, labels and scores, and the images of the gallery."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, extract, func, select
+
+from worker.errors import CheckInputError
+from worker.store.queries import run_stats
+from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
+
+BUCKETS = 120  # points of a time series at most
+NICE_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
+# latency bins (ms): their upper edges, log-spaced from 1 ms to 100 s; percentiles are read at the bins' edges
+EDGES_MS = tuple(round(10 ** (i / 8), 3) for i in range(0, 41))
+SCORE_BINS = 20
+GALLERY = 6  # images per gallery row
+
+
+@dataclass(frozen=True)
+class Pictured:
+    rel: str
+    caption: str
+    picture: Path | None  # its overlay, or the input where it still is; None: nothing to show
+
+
+@dataclass
+class ReportData:
+    runs: list[dict[str, Any]]
+    stats: list[dict[str, Any]]
+    counts: dict[str, int]
+    bucket_s: int
+    throughput: list[tuple[int, int, int]] = field(default_factory=list)  # (bucket start, done, failed)
+    latency: list[tuple[int, float, float, float]] = field(default_factory=list)  # (bucket, p50, p95, p99) ms
+    memory: list[tuple[int, float, float | None]] = field(default_factory=list)  # (bucket, RSS MB, GPU MB)
+    trend: tuple[float, float] | None = None  # RSS MB = a + b * (t - first sample) after the warm-up, b per s
+    warmup_end: int | None = None  # epoch s
+    failures: list[tuple[str, int, str]] = field(default_factory=list)  # (reason, images, one of them)
+    labels: list[tuple[str, int]] = field(default_factory=list)
+    scores: list[int] = field(default_factory=list)
+    gallery: dict[str, list[Pictured]] = field(default_factory=dict)
+
+
+def pick_runs(db: Engine, run_id: int | None, last: int, since: datetime | None, until: datetime | None,
+              model: str | None) -> list[dict[str, Any]]:
+    """The runs asked for: one, the last K, or those started in a window; for a model. Refused when none."""
+    q = select(Run).order_by(Run.id.desc())
+    if run_id is not None:
+        q = q.where(Run.id == run_id)
+    if model is not None:
+        q = q.where(Run.model == model)
+    if since is not None:
+        q = q.where(func.coalesce(Run.finished_at, Run.heartbeat_at, func.now()) >= since)
+    if until is not None:
+        q = q.where(Run.started_at < until)
+    if run_id is None and since is None and until is None:
+        q = q.limit(last)
+    with db.connect() as c:
+        runs = [dict(r) for r in c.execute(q).mappings()]
+    if not runs:
+        said = f"run {run_id}" if run_id is not None else "a run" + (f" of model {model}" if model else "")
+        raise CheckInputError(f"no {said} on record in this database")
+    return runs[::-1]
+
+
+def _bucket(span_s: float) -> int:
+    return next((b for b in NICE_S if span_s / b <= BUCKETS), NICE_S[-1])
+
+
+def _percentile(counts: list[int], q: float) -> float:
+    total = sum(counts)
+    running = 0
+    for i, n in enumerate(counts):
+        running += n
+        if running >= q * total:
+            return EDGES_MS[min(i, len(EDGES_MS) - 1)]
+    return EDGES_MS[-1]
+
+
+def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path, gallery: int = GALLERY) -> ReportData:
+    ids = [r["id"] for r in runs]
+    stats = [s for rid in ids for s in run_stats(db, run_id=rid, warmup_s=warmup_s)]
+    start = min(r["started_at"] for r in runs)
+    end = max((r["finished_at"] or r["heartbeat_at"] or r["started_at"]) for r in runs)
+    with db.connect() as c:
+        last_image = c.execute(select(func.max(ImageRow.updated_at)).where(ImageRow.run_id.in_(ids))).scalar()
+        last_sample = c.execute(select(func.max(MemorySample.at)).where(MemorySample.run_id.in_(ids))).scalar()
+        end = max(x for x in (end, last_image, last_sample) if x is not None)
+        bucket = _bucket(max((end - start).total_seconds(), 1.0))
+        data = ReportData(runs, stats, {}, bucket)
+        mine = ImageRow.run_id.in_(ids)
+        data.counts = dict(c.execute(select(ImageRow.status, func.count()).where(mine).group_by(ImageRow.status)).all())
+        epoch = cast(extract("epoch", ImageRow.updated_at), BigInteger) // bucket
+        finished = ImageRow.status.in_(("done", "failed"))
+        data.throughput = [(int(b) * bucket, int(d or 0), int(f or 0)) for b, d, f in c.execute(
+            select(epoch, func.sum(case((ImageRow.status == "done", 1), else_=0)),
+                   func.sum(case((ImageRow.status == "failed", 1), else_=0)))
+            .where(mine, finished).group_by(epoch).order_by(epoch))]
+        binned = case(*[(TimingRow.total_ms <= e, i) for i, e in enumerate(EDGES_MS)], else_=len(EDGES_MS))
+        hist: dict[int, list[int]] = {}
+        for b, i, n in c.execute(select(epoch, binned, func.count())
+                                 .join(TimingRow, TimingRow.image_id == ImageRow.id)
+                                 .where(mine, ImageRow.status == "done").group_by(epoch, binned)):
+            hist.setdefault(int(b), [0] * (len(EDGES_MS) + 1))[int(i)] += int(n)
+        data.latency = [(b * bucket, _percentile(h, .5), _percentile(h, .95), _percentile(h, .99))
+                        for b, h in sorted(hist.items())]
+        _memory(c, data, ids, bucket, warmup_s)
+        data.failures = [(reason or "(no reason recorded)", int(n), rel) for reason, n, rel in c.execute(
+            select(ImageRow.error, func.count(), func.min(ImageRow.rel_path))
+            .where(mine, ImageRow.status == "failed").group_by(ImageRow.error)
+            .order_by(func.count().desc()).limit(20))]
+        data.labels = [(name, int(n)) for name, n in c.execute(
+            select(LabelRow.name, func.count()).join(ImageRow, ImageRow.id == LabelRow.image_id)
+            .where(mine, ImageRow.status == "done").group_by(LabelRow.name).order_by(func.count().desc()).limit(20))]
+        score_bin = cast(ResultRow.score * SCORE_BINS, Integer)
+        scores = dict(c.execute(select(score_bin, func.count()).join(ImageRow, ImageRow.id == ResultRow.image_id)
+                                .where(mine, ImageRow.status == "done").group_by(score_bin)).all())
+        data.scores = [int(scores.get(i, 0)) + (int(scores.get(SCORE_BINS, 0)) if i == SCORE_BINS - 1 else 0)
+                       for i in range(SCORE_BINS)]
+        data.gallery = _gallery(c, ids, runs, outbox, gallery)
+    return data
+
+
+def _memory(c: Any, data: ReportData, ids: list[int], bucket: int, warmup_s: float) -> None:
+    """RSS (and GPU memory) by bucket, and the least-squares line through the samples after the warm-up (its
+    sums in SQL: no sample is fetched)."""
+    mine = MemorySample.run_id.in_(ids)
+    at = cast(extract("epoch", MemorySample.at), BigInteger)
+    data.memory = [(int(b) * bucket, float(rss) / 2**20, None if gpu is None else float(gpu) / 2**20)
+                   for b, rss, gpu in c.execute(select(at // bucket, func.avg(MemorySample.rss_bytes),
+                                                       func.avg(MemorySample.gpu_bytes))
+                                                .where(mine).group_by(at // bucket).order_by(at // bucket))]
+    first = c.execute(select(func.min(at)).where(mine)).scalar()
+    if first is None:
+        return
+    data.warmup_end = int(first + warmup_s)
+    x = at - data.warmup_end
+    y = MemorySample.rss_bytes / 2**20
+    n, sx, sy, sxx, sxy = c.execute(select(func.count(), func.sum(x), func.sum(y), func.sum(x * x), func.sum(x * y))
+                                    .where(mine, and_(at >= data.warmup_end))).one()
+    if n and n > 2 and (den := n * float(sxx) - float(sx) ** 2) > 0:
+        slope = (n * float(sxy) - float(sx) * float(sy)) / den
+        data.trend = ((float(sy) - slope * float(sx)) / n, slope)
+
+
+def _gallery(c: Any, ids: list[int], runs: list[dict[str, Any]], outbox: Path, n: int) -> dict[str, list[Pictured]]:
+    roots = {r["id"]: Path(r["root"]) for r in runs}
+    archives = {r["id"]: Path(str((r["config"] or {}).get("archive", ""))) for r in runs}
+    outboxes = {r["id"]: Path(str((r["config"] or {}).get("outbox", outbox))) for r in runs}
+
+    def pictured(rel: str, rid: int, caption: str) -> Pictured:
+        found = next((p for p in (outboxes[rid] / f"{rel}.overlay.jpg", roots[rid] / rel,
+                                  archives[rid] / "done" / rel, archives[rid] / "failed" / rel) if p.is_file()), None)
+        return Pictured(rel, caption, found)
+
+    mine = ImageRow.run_id.in_(ids)
+    slowest = c.execute(select(ImageRow.rel_path, ImageRow.run_id, TimingRow.total_ms)
+                        .join(TimingRow, TimingRow.image_id == ImageRow.id).where(mine, ImageRow.status == "done")
+                        .order_by(TimingRow.total_ms.desc()).limit(n)).all()
+    failed = c.execute(select(ImageRow.rel_path, ImageRow.run_id, ImageRow.error)
+                       .where(mine, ImageRow.status == "failed").order_by(ImageRow.updated_at.desc()).limit(n)).all()
+    done = c.execute(select(ImageRow.rel_path, ImageRow.run_id, ResultRow.score)
+                     .join(ResultRow, ResultRow.image_id == ImageRow.id).where(mine, ImageRow.status == "done")
+                     .order_by(ImageRow.id).limit(n)).all()
+    return {"slowest": [pictured(r, rid, f"{ms:.0f} ms") for r, rid, ms in slowest],
+            "failed": [pictured(r, rid, err or "") for r, rid, err in failed],
+            "done": [pictured(r, rid, f"score {s:.2f}") for r, rid, s in done]}

@@ -1,0 +1,40 @@
+"""`worker report`: gather, draw, write the file (atomically: a report is whole or not there)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from worker.errors import CheckInputError, StoreError
+from worker.outputs.files import write_atomic
+from worker.report.data import gather, pick_runs
+from worker.report.page import render
+from worker.store.db import database
+from worker.store.schema import utcnow
+
+
+@dataclass(frozen=True)
+class Written:
+    path: Path
+    runs: tuple[int, ...]
+    size: int
+    images: int
+
+
+def write_report(db_url: str, output: Path, outbox: Path, *, run_id: int | None = None, last: int = 1,
+                 since: datetime | None = None, until: datetime | None = None, model: str | None = None,
+                 warmup_s: float = 60.0, max_slope_mb_per_h: float = 2.0) -> Written:
+    """Write the report of the runs asked for (default: the latest) to `output`."""
+    try:
+        with database(db_url, create=False, read_only=True) as db:
+            runs = pick_runs(db, run_id, last, since, until, model)
+            data = gather(db, runs, warmup_s, outbox)
+    except StoreError as e:  # no database there, or one of another version: nothing to report from
+        raise CheckInputError(str(e)) from None
+    text = render(data, outbox, max_slope_mb_per_h, utcnow()).encode()
+    try:
+        write_atomic(output, text)
+    except OSError as e:
+        raise CheckInputError(f"{output}: cannot write the report there: {e.strerror or e}") from None
+    return Written(output, tuple(r["id"] for r in runs), len(text), sum(data.counts.values()))
