@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 from datetime import datetime, timezone
 from typing import Any
 
@@ -25,6 +26,7 @@ def _svg(fig: Any) -> str:
     fig.savefig(out, format="svg", bbox_inches="tight")
     plt.close(fig)
     text = out.getvalue()
+    text = re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)  # matplotlib's Dublin Core block
     return text[text.index("<svg"):]  # without the XML prolog and doctype: inline in HTML
 
 

@@ -64,7 +64,7 @@ def pick_runs(db: Engine, run_id: int | None, last: int, since: datetime | None,
     with db.connect() as c:
         runs = [dict(r) for r in c.execute(q).mappings()]
     if not runs:
-        said = f"run {run_id}" if run_id is not None else "a run" + (f" of model {model}" if model else "")
+        said = f"run {run_id}" if run_id is not None else "run" + (f" of model {model}" if model else "")
         raise CheckInputError(f"no {said} on record in this database")
     return runs[::-1]
 
