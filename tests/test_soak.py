@@ -96,6 +96,14 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
     assert run["counts"] == {"done": 4} and int(m[2]) > 40
     rate = int(m[2]) / float(m[3])  # the soak's own figure; the run's span differs by its start and stop
     assert rate / 2 < run["images_per_s"] < rate * 1.2
+    # its report beside it, in its outbox: the soak's run, its verdict first, its memory samples drawn
+    (report,) = re.findall(r"its report: (\S+)", out.stdout)
+    page = Path(report).read_text()
+    assert Path(report) == Path(db[len("sqlite:///"):]).parent / "outbox" / "soak-report.html"
+    data = json.loads(re.search(r'id="report-data">(.*?)</script>', page, re.S)[1])
+    verdict = re.search(r"verdict: (PASS|FAIL|INCONCLUSIVE)", out.stdout)[1]
+    assert data["runs"] == [int(m[1])] and data["verdict"].startswith(verdict) and len(data["memory_mb"]) >= 3
+    assert f"soak verdict: {verdict}" in page
 
 
 def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:

@@ -24,16 +24,21 @@ from worker.cli.signals import two_stage_stop
 @click.option("--images", "images", type=click.Path(path_type=Path, exists=True, file_okay=False), required=True,
               help="Folder of images to replay.")
 @click.option("--warmup", default=None, help="Left out of the RSS slope (default: metrics.warmup_s).")
+@click.option("--report", "report_path", type=click.Path(path_type=Path, dir_okay=False),
+              help="Write the soak's report (worker report, with its verdict) here (default: soak-report.html in "
+                   "its outbox).")
 @with_paths(archive=False)
 @click.pass_context
-def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **overrides: Any) -> None:
+def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, report_path: Path | None,
+         **overrides: Any) -> None:
     """Replay images through the full pipeline for a long time and judge memory and latency.
 
     Writes into an outbox and a database of its own (a new soak-<time>/ folder beside the config's
     outbox) unless --outbox and --db are given; it never replaces another run's outputs or history.
     Says how it goes every 30 s (images, rate, RSS now, its slope so far), then prints the RSS slope
     (MB/hour, least squares after warm-up, and over the second half of that, which is judged),
-    growth, and p50/p99 latency at the start and the end. Exits 1 when a soak.* threshold in the
+    growth, and p50/p99 latency at the start and the end, and writes its report (`worker report`'s
+    HTML file, its verdict first) into its outbox. Exits 1 when a soak.* threshold in the
     config is exceeded (FAIL), or when the run is too short to tell a slope at the limit from RSS
     noise (INCONCLUSIVE, with the duration that would).
 
@@ -69,6 +74,14 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, **
     for note in v.notes:
         click.echo(f"  note: {note}")
     click.echo(f"  its figures: worker stats --db {config_mod.without_password(cfg.db)} --run {v.run_id}")
+    from worker.report.make import write_report
+
+    reasons = "; ".join(v.failures or v.inconclusive)
+    written = write_report(cfg.db, report_path or cfg.outbox / "soak-report.html", cfg.outbox.absolute(),
+                           run_id=v.run_id, warmup_s=duration_s(warmup) if warmup else cfg.metrics.warmup_s,
+                           max_slope_mb_per_h=cfg.soak.max_rss_slope_mb_per_h,
+                           verdict=v.verdict + (f": {reasons}" if reasons else ""))
+    click.echo(f"  its report: {written.path}")
     if v.passed:
         click.echo("  verdict: PASS (memory and latency flat within the configured limits)")
     else:

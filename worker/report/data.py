@@ -20,6 +20,9 @@ NICE_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 
 # latency bins (ms): their upper edges, log-spaced from 1 ms to 100 s; percentiles are read at the bins' edges
 EDGES_MS = tuple(round(10 ** (i / 8), 3) for i in range(0, 41))
 SCORE_BINS = 20
+# the distributions (latency by bucket, labels, scores) are read from every k-th image where a run has more than
+# this many (a uniform sample: its shape holds, its counts are scaled back); counts and throughput are exact
+SAMPLED = 300_000
 GALLERY = 6  # images per gallery row
 
 
@@ -36,6 +39,7 @@ class ReportData:
     stats: list[dict[str, Any]]
     counts: dict[str, int]
     bucket_s: int
+    stride: int = 1  # the distributions' sample: every stride-th image
     throughput: list[tuple[int, int, int]] = field(default_factory=list)  # (bucket start, done, failed)
     latency: list[tuple[int, float, float, float]] = field(default_factory=list)  # (bucket, p50, p95, p99) ms
     memory: list[tuple[int, float, float | None]] = field(default_factory=list)  # (bucket, RSS MB, GPU MB)
@@ -96,6 +100,8 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
         data = ReportData(runs, stats, {}, bucket)
         mine = ImageRow.run_id.in_(ids)
         data.counts = dict(c.execute(select(ImageRow.status, func.count()).where(mine).group_by(ImageRow.status)).all())
+        data.stride = max(1, sum(data.counts.values()) // SAMPLED)
+        sampled = mine if data.stride == 1 else and_(mine, ImageRow.id % data.stride == 0)
         epoch = cast(extract("epoch", ImageRow.updated_at), BigInteger) // bucket
         finished = ImageRow.status.in_(("done", "failed"))
         data.throughput = [(int(b) * bucket, int(d or 0), int(f or 0)) for b, d, f in c.execute(
@@ -106,7 +112,7 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
         hist: dict[int, list[int]] = {}
         for b, i, n in c.execute(select(epoch, binned, func.count())
                                  .join(TimingRow, TimingRow.image_id == ImageRow.id)
-                                 .where(mine, ImageRow.status == "done").group_by(epoch, binned)):
+                                 .where(sampled, ImageRow.status == "done").group_by(epoch, binned)):
             hist.setdefault(int(b), [0] * (len(EDGES_MS) + 1))[int(i)] += int(n)
         data.latency = [(b * bucket, _percentile(h, .5), _percentile(h, .95), _percentile(h, .99))
                         for b, h in sorted(hist.items())]
@@ -115,14 +121,14 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
             select(ImageRow.error, func.count(), func.min(ImageRow.rel_path))
             .where(mine, ImageRow.status == "failed").group_by(ImageRow.error)
             .order_by(func.count().desc()).limit(20))]
-        data.labels = [(name, int(n)) for name, n in c.execute(
+        data.labels = [(name, int(n) * data.stride) for name, n in c.execute(
             select(LabelRow.name, func.count()).join(ImageRow, ImageRow.id == LabelRow.image_id)
-            .where(mine, ImageRow.status == "done").group_by(LabelRow.name).order_by(func.count().desc()).limit(20))]
+            .where(sampled, ImageRow.status == "done").group_by(LabelRow.name).order_by(func.count().desc()).limit(20))]
         score_bin = cast(ResultRow.score * SCORE_BINS, Integer)
         scores = dict(c.execute(select(score_bin, func.count()).join(ImageRow, ImageRow.id == ResultRow.image_id)
-                                .where(mine, ImageRow.status == "done").group_by(score_bin)).all())
-        data.scores = [int(scores.get(i, 0)) + (int(scores.get(SCORE_BINS, 0)) if i == SCORE_BINS - 1 else 0)
-                       for i in range(SCORE_BINS)]
+                                .where(sampled, ImageRow.status == "done").group_by(score_bin)).all())
+        data.scores = [data.stride * (int(scores.get(i, 0)) + (int(scores.get(SCORE_BINS, 0)) if i == SCORE_BINS - 1
+                                                               else 0)) for i in range(SCORE_BINS)]
         data.gallery = _gallery(c, ids, runs, outbox, gallery)
     return data
 

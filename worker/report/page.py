@@ -73,7 +73,8 @@ def _chart(svg: str | None, empty: str) -> str:
     return svg if svg is not None else f"<p>{_e(empty)}</p>"
 
 
-def render(data: ReportData, outbox: Path, max_slope_mb_per_h: float, made_at: datetime) -> str:
+def render(data: ReportData, outbox: Path, max_slope_mb_per_h: float, made_at: datetime,
+           verdict: str | None = None) -> str:
     runs = data.runs
     done, failed = data.counts.get("done", 0), data.counts.get("failed", 0)
     span = (max((r["finished_at"] or made_at) for r in runs) - min(r["started_at"] for r in runs)).total_seconds()
@@ -84,7 +85,7 @@ def render(data: ReportData, outbox: Path, max_slope_mb_per_h: float, made_at: d
                "memory_mb": [(b, round(m, 2), g) for b, m, g in data.memory],
                "trend_mb_per_h": round(data.trend[1] * 3600, 3) if data.trend else None,
                "failures": data.failures, "labels": data.labels, "scores": data.scores,
-               "gallery": {k: [p.rel for p in v] for k, v in data.gallery.items()}}
+               "gallery": {k: [p.rel for p in v] for k, v in data.gallery.items()}, "verdict": verdict}
     head = _table([{"run": r["id"], "mode": r["mode"], "host": r["host"], "model": r["model"],
                     "model sha256": r["model_sha256"][:16] + "...", "providers": r["providers"],
                     "version": r["version"], "started (UTC)": r["started_at"].strftime("%Y-%m-%d %H:%M:%S"),
@@ -111,6 +112,7 @@ def render(data: ReportData, outbox: Path, max_slope_mb_per_h: float, made_at: d
 <html lang="en"><head><meta charset="utf-8"><title>worker report: runs {_e(', '.join(str(r['id']) for r in runs))}</title>
 <style>{STYLE}</style></head><body>
 <h1>worker report</h1>
+{f'<p class="verdict {"ok" if verdict.startswith("PASS") else "bad"}">soak verdict: {_e(verdict)}</p>' if verdict else ""}
 <table class="figures">
 <tr><td>runs</td><td>{_e(', '.join(str(r['id']) for r in runs))}</td></tr>
 <tr><td>images</td><td>done {done}, failed {failed}, other {sum(data.counts.values()) - done - failed}</td></tr>
