@@ -21,7 +21,7 @@ from tests.support.cli import cli_run, config_file
 from worker.cli import cli
 from worker.config import Config
 
-COMMANDS = ["demo", "watch", "run", "query", "stats", "health", "fleet", "report", "soak", "bench", "export coco", "models list", "models check",
+COMMANDS = ["demo", "watch", "run", "query", "stats", "health", "fleet", "report", "soak", "bench", "export coco", "models list", "models check", "models init",
             "models pull",
             "db upgrade", "db downgrade", "db prune", "retry", "config"]
 

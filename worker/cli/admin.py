@@ -216,6 +216,32 @@ def _check_results(cfg: Config, m: ReadyModel, images: Path, expected: Path, min
     return result.ok
 
 
+@models.command("init")
+@click.argument("name")
+@click.option("--onnx", "onnx_file", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="The exported ONNX file.")
+@click.option("--task", type=click.Choice(["classify", "detect", "segment"]),
+              help="What the model does, where its metadata does not say (an Ultralytics export says).")
+@click.option("--force", is_flag=True, help="Write over a card of that name.")
+@click.pass_context
+def models_init(ctx: click.Context, name: str, onnx_file: Path, task: str | None, force: bool) -> None:
+    """Write models/NAME/model.yaml from what an export says of itself: an Ultralytics export's task, input
+    size, class names, keypoints and layout; otherwise its input's shape. Each inferred value is commented
+    so, and what the file does not say is marked for you to set; then check the card.
+
+    \b
+    Example:
+      worker models init my-yolov8 --onnx runs/detect/train/weights/best.onnx
+      worker models init my-classifier --onnx export/model.onnx --task classify
+    """
+    from worker.models.init import write_card
+
+    cfg = load_config(ctx)
+    path = write_card(cfg.models_dir, name, onnx_file, task, force)
+    click.echo(path.read_text(), nl=False)
+    click.echo(f"wrote {path}; check it against the model: worker models check {name}")
+
+
 def _model_io_use(engine: Engine, name: str, post: Postprocess) -> str:
     """What the worker does with one of the model's inputs or outputs, for `models check`, as the card's
     postprocessing reads it."""

@@ -1,0 +1,77 @@
+"""`worker models init NAME --onnx FILE`: a card from the export itself. An Ultralytics-style export (a YOLOv8
+detector head whose file carries Ultralytics' metadata) gets task, size, layout and labels from it and then runs;
+an export without metadata (the bundled EfficientNet-Lite0) with --task gets its input from its shape and the
+rest marked to check; one whose task cannot be told is refused in one line."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import yaml
+from click.testing import CliRunner
+
+from tests.support.cli import config_file, main_as_command
+from tests.support.onnx_models import rows_model
+
+ULTRALYTICS = {"author": "Ultralytics", "version": "8.4.190", "task": "detect", "imgsz": "[32, 48]", "stride": "32",
+               "end2end": "False", "batch": "1", "names": "{0: 'dent', 1: 'scratch'}"}
+
+
+def _init(tmp_path: Path, *args: str) -> tuple[int, str]:
+    conf = config_file(tmp_path)
+    conf.write_text(conf.read_text().replace(f"models_dir: {Path(__file__).parents[1] / 'models'}",
+                                             f"models_dir: {tmp_path / 'models'}"))
+    out = CliRunner().invoke(main_as_command, ["--config", str(conf), "models", *args])
+    return out.exit_code, out.output
+
+
+def _export(path: Path, metadata: dict[str, str]) -> Path:
+    rows = np.zeros((4 + 2, 21), np.float32)
+    rows[:, 0] = [24, 16, 20, 10, 0.0, 0.9]
+    rows_model(path, rows[None], np.zeros_like(rows)[None])
+    model = onnx.load(str(path))
+    for key, value in metadata.items():
+        entry = model.metadata_props.add()
+        entry.key, entry.value = key, value
+    onnx.save(model, str(path))
+    return path
+
+
+def test_an_ultralytics_export_makes_a_card_that_runs(tmp_path: Path, samples: Path) -> None:
+    (tmp_path / "models").mkdir()
+    best = _export(tmp_path / "best.onnx", ULTRALYTICS)
+    code, said = _init(tmp_path, "init", "mine", "--onnx", str(best))
+    assert code == 0, said
+    card = yaml.safe_load((tmp_path / "models" / "mine" / "model.yaml").read_text())
+    assert card["task"] == "detect" and card["input"]["size"] == [32, 48] and card["input"]["name"] == "input"
+    assert card["preprocess"]["resize"] == "letterbox" and card["preprocess"]["pad_value"] == 114
+    assert card["postprocess"] == {"output": "output0", "layout": "yolov8", "threshold": 0.25, "iou": 0.45}
+    assert "# inferred" in said and "2 class names (its metadata), read at start: dent, scratch" in said
+    code, said = _init(tmp_path, "check", "mine")  # the card holds to the model, as a start does
+    assert code == 0 and "model 'mine' (detect): ok" in said, said
+    code, said = _init(tmp_path, "init", "mine", "--onnx", str(best))
+    assert code == 2 and "exists: --force writes over it" in said
+    seg = _export(tmp_path / "pose.onnx", {**ULTRALYTICS, "task": "pose", "kpt_shape": "[17, 3]"})
+    assert _init(tmp_path, "init", "pose", "--onnx", str(seg))[0] == 0
+    pose = yaml.safe_load((tmp_path / "models" / "pose" / "model.yaml").read_text())
+    assert pose["postprocess"]["keypoints"] == [17, 3]
+
+
+def test_an_export_without_metadata_needs_its_task(tmp_path: Path, effnet_onnx: Path) -> None:
+    (tmp_path / "models").mkdir()
+    shutil.copy(effnet_onnx, tmp_path / "effnet.onnx")
+    code, said = _init(tmp_path, "init", "plain", "--onnx", str(tmp_path / "effnet.onnx"))
+    assert code == 2 and "its metadata does not say what it does: give --task" in said and said.count("\n") == 1
+    code, said = _init(tmp_path, "init", "plain", "--onnx", str(tmp_path / "effnet.onnx"), "--task", "classify")
+    assert code == 0, said
+    card = yaml.safe_load((tmp_path / "models" / "plain" / "model.yaml").read_text())
+    assert card["input"] == {"name": "input", "size": [224, 224], "dynamic_batch": True}
+    assert card["postprocess"] == {"output": "logits"} and "NOT inferred" in said
+    code, said = _init(tmp_path, "check", "plain")
+    assert code == 0, said
+    (tmp_path / "junk.onnx").write_bytes(b"not a model")
+    code, said = _init(tmp_path, "init", "junk", "--onnx", str(tmp_path / "junk.onnx"), "--task", "detect")
+    assert code == 2 and "not an ONNX model" in said
