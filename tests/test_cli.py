@@ -527,11 +527,11 @@ def test_models_check_says_what_the_worker_feeds_and_reads_or_why_the_card_is_re
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "deploy"])
     assert out.exit_code == 0, out.output
     assert out.output.startswith(f"model 'deploy' (detect): ok, {models / 'deploy' / 'deploy.onnx'}")
-    for line in ("  input  images tensor(float) ['N', 3, 32, 48]: the image, NCHW",
-                 "  input  orig_target_sizes tensor(int64) ['N', 2]: each image's size",
-                 "  output labels tensor(int64) ['N', 3]: read, joined as part 3 of 3",
-                 "  output boxes tensor(float) ['N', 3, 4]: read, joined as part 1 of 3",
-                 "  output whwh tensor(float) ['N', 4]: not used"):
+    for line in ("  input  images tensor(float) [N, 3, 32, 48]: the image, NCHW",
+                 "  input  orig_target_sizes tensor(int64) [N, 2]: each image's size",
+                 "  output labels tensor(int64) [N, 3]: read, joined as part 3 of 3",
+                 "  output boxes tensor(float) [N, 3, 4]: read, joined as part 1 of 3",
+                 "  output whwh tensor(float) [N, 4]: not used"):
         assert line in out.output, out.output
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "wrong"])
     assert isinstance(out.exception, ModelError) and "cannot be joined" in str(out.exception)
@@ -549,8 +549,8 @@ def test_models_check_says_an_instance_segmenter_s_prototype_masks_give_the_mask
     conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "quad"])
     assert out.exit_code == 0, out.output
-    for line in ("  output output0 tensor(float) ['N', 8, 3]: read",  # not "joined": the masks are apart
-                 "  output output1 tensor(float) ['N', 2, 8, 12]: read, each box's mask from these prototype masks"):
+    for line in ("  output output0 tensor(float) [N, 8, 3]: read",  # not "joined": the masks are apart
+                 "  output output1 tensor(float) [N, 2, 8, 12]: read, each box's mask from these prototype masks"):
         assert line + "\n" in out.output, out.output
 
 

@@ -24,6 +24,9 @@ def _card(tmp_path: Path, postprocess: str, task: str = "detect"):
 
 
 @pytest.mark.parametrize("meta, postprocess, said", [
+    ({"task": "detect"}, "output: output0",  # no layout: the card's default, yolov5's, would misread every row
+     "m.onnx is an Ultralytics detect model (its metadata), whose rows are YOLOv8's (4 box values then each "
+     "class's score, no objectness): postprocess.layout: yolov8 reads them (layout: detr for an RT-DETR)"),
     ({"task": "pose", "kpt_shape": "[17, 3]"}, "layout: yolov8",
      "m.onnx is an Ultralytics pose model (its metadata), of keypoints [17, 3], and the card names none: "
      "postprocess.keypoints: [17, 3]"),
@@ -184,3 +187,24 @@ def _add_metadata(path: Path, metadata: dict[str, str]) -> None:
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     onnx.save(model, str(path))
+
+
+def test_a_card_s_preprocessing_that_parts_from_its_export_is_said(tmp_path: Path) -> None:
+    """Results that would differ, not fail: imgsz, the letterbox, RGB and /255 of an Ultralytics export."""
+    from worker.models.exported import exported_warnings
+
+    meta = {**ULTRALYTICS, "task": "detect", "imgsz": "[320, 320]"}
+    (tmp_path / "model.yaml").write_text(
+        "name: m\ntask: detect\nonnx: m.onnx\ninput: {name: images, size: [224, 224]}\n"
+        "preprocess: {color: bgr, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}\n"
+        "postprocess: {layout: yolov8}\n")
+    said = exported_warnings(load_card(tmp_path / "model.yaml"), meta)
+    assert [w.split(": set ")[-1] for w in said] == ["input.size: [320, 320] (at another size its scores and boxes "
+                                                     "differ from training's)",
+                                                     "preprocess.resize: letterbox and pad_value: 114",
+                                                     "preprocess.color: rgb"]
+    (tmp_path / "model.yaml").write_text(
+        "name: m\ntask: detect\nonnx: m.onnx\ninput: {name: images, size: [320, 320]}\n"
+        "preprocess: {resize: letterbox, mean: [0, 0, 0], std: [255, 255, 255]}\npostprocess: {layout: yolov8}\n")
+    assert exported_warnings(load_card(tmp_path / "model.yaml"), meta) == []
+    assert exported_warnings(load_card(tmp_path / "model.yaml"), {"task": "detect"}) == []  # not Ultralytics'

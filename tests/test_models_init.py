@@ -75,3 +75,18 @@ def test_an_export_without_metadata_needs_its_task(tmp_path: Path, effnet_onnx: 
     (tmp_path / "junk.onnx").write_bytes(b"not a model")
     code, said = _init(tmp_path, "init", "junk", "--onnx", str(tmp_path / "junk.onnx"), "--task", "detect")
     assert code == 2 and "not an ONNX model" in said
+
+
+def test_models_check_shows_the_concrete_shape_of_a_dynamic_export(tmp_path: Path) -> None:
+    """A dynamic export declares its height and width as symbols (Ultralytics' as long expressions): `models
+    check` shortens those and says the shape one image at the card's size gets."""
+    (tmp_path / "models").mkdir()
+    best = _export(tmp_path / "best.onnx", ULTRALYTICS)
+    model = onnx.load(str(best))
+    dims = model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "height", "floor(width / 32 + 0.5) * 32 - 0"  # a long expression
+    onnx.save(model, str(best))
+    assert _init(tmp_path, "init", "dyn", "--onnx", str(best))[0] == 0
+    code, said = _init(tmp_path, "check", "dyn")
+    assert code == 0 and "input  input tensor(float) [N, 3, height, ?] (one image at the card's size: " \
+        "[1, 3, 32, 48])" in said, said

@@ -25,7 +25,7 @@ from worker.intake.watch import WatchedInbox, inbox_lock, outbox_lock
 from worker.intake.jobs import Job, JobStatus
 from worker.host.memory import stabilize_allocator
 from worker.models.card import ModelCard, find_card, settings_digest
-from worker.models.exported import check_exported, exported_keypoint_names, exported_labels
+from worker.models.exported import check_exported, exported_keypoint_names, exported_labels, exported_warnings
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels
 from worker.host.names import as_text
@@ -140,6 +140,8 @@ def ready_model(cfg: Config, card: ModelCard) -> ReadyModel:
     size_hw = (card.input.size[0], card.input.size[1])
     engine.check_input(size_hw, card.name)
     check_exported(card, engine.metadata, onnx)  # what the exporter says the model is, before any run
+    for warning in exported_warnings(card, engine.metadata):
+        log.warning("%s", warning)
     if not card.labels and (names := exported_labels(engine.metadata)):  # a card of one's own export
         log.info("model '%s': %d class names from %s's metadata (%s ...)", card.name, len(names), onnx.name,
                  ", ".join(names[:3]))

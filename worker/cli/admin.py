@@ -182,10 +182,14 @@ def models_check(ctx: click.Context, name: str, image: Path | None, expect_input
     session = m.engine.session
     click.echo(f"model '{m.card.name}' ({m.card.task}): ok, {m.onnx}")
     click.echo(f"  runs on {', '.join(m.engine.providers)}, batches of up to {m.max_batch}")
+    concrete = _concrete_shapes(m)
     for kind, items in (("input", session.get_inputs()), ("output", session.get_outputs())):
         for port in items:
             use = _model_io_use(m.engine, port.name, m.card.postprocess)
-            click.echo(f"  {kind:6s} {port.name} {port.type} {list(port.shape)}{use}")
+            shape = concrete.get(port.name)
+            symbolic = any(not isinstance(d, int) for d in port.shape[1:])  # more than the batch is left open
+            seen = f" (one image at the card's size: {list(shape)})" if shape is not None and symbolic else ""
+            click.echo(f"  {kind:6s} {port.name} {port.type} {_declared(port.shape)}{seen}{use}")
     click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
     ok = True
     if images is not None and expect_results is not None:
@@ -240,6 +244,22 @@ def models_init(ctx: click.Context, name: str, onnx_file: Path, task: str | None
     path = write_card(cfg.models_dir, name, onnx_file, task, force)
     click.echo(path.read_text(), nl=False)
     click.echo(f"wrote {path}; check it against the model: worker models check {name}")
+
+
+def _declared(shape: list[int | str | None]) -> str:
+    """A port's declared shape, its symbolic dimensions' long expressions (a dynamic export's) shortened."""
+    return "[" + ", ".join(str(d) if not isinstance(d, str) or len(d) <= 12 else "?" for d in shape) + "]"
+
+
+def _concrete_shapes(m: ReadyModel) -> dict[str, tuple[int, ...]]:
+    """Each input's and output's shape for one image at the card's input size, as the session runs it."""
+    import numpy as np
+
+    h, w = m.card.input.size[0], m.card.input.size[1]
+    feeds = m.engine.feeds(np.zeros((1, m.card.preprocess.channels, h, w), np.float32))
+    outs = m.engine.session.run(None, feeds)
+    names = [o.name for o in m.engine.session.get_outputs()]
+    return {**{k: tuple(v.shape) for k, v in feeds.items()}, **{n: tuple(o.shape) for n, o in zip(names, outs)}}
 
 
 def _model_io_use(engine: Engine, name: str, post: Postprocess) -> str:

@@ -45,6 +45,31 @@ def check_exported(card: ModelCard, metadata: Mapping[str, str], onnx: Path) -> 
     if metadata.get("end2end") == "True" and pp.layout != "end2end":
         raise ModelError(f"{what}, whose boxes come suppressed already (end2end): layout: end2end reads them, "
                          f"not {pp.layout}")
+    if metadata.get("end2end") != "True" and pp.layout == "yolov5":  # the card's default: most likely left out
+        raise ModelError(f"{what}, whose rows are YOLOv8's (4 box values then each class's score, no objectness): "
+                         f"postprocess.layout: yolov8 reads them (layout: detr for an RT-DETR), not yolov5's")
+
+
+def exported_warnings(card: ModelCard, metadata: Mapping[str, str]) -> list[str]:
+    """Where the card's preprocessing parts from what an Ultralytics export was trained and exported with (its
+    imgsz; its predict()'s letterbox, RGB and /255): the results would differ, not fail, so said, not refused."""
+    if metadata.get("author") != "Ultralytics" or metadata.get("task") not in _CARD_TASK:
+        return []
+    out, p = [], card.preprocess
+    said = f"model '{card.name}': its Ultralytics export"
+    imgsz = _kpt_shape(metadata.get("imgsz", ""))  # "[320, 320]" -> (320, 320)
+    if len(imgsz) == 2 and tuple(card.input.size[:2]) != imgsz:
+        out.append(f"{said} says imgsz {list(imgsz)}, the card input.size {list(card.input.size)}: set input.size: "
+                   f"{list(imgsz)} (at another size its scores and boxes differ from training's)")
+    if metadata.get("task") != "classify" and p.resize != "letterbox":
+        out.append(f"{said} letterboxes its input (predict()), the card's preprocess.resize is {p.resize}: set "
+                   f"preprocess.resize: letterbox and pad_value: 114")
+    if p.color == "bgr":
+        out.append(f"{said} takes RGB, the card's preprocess.color is bgr: set preprocess.color: rgb")
+    if tuple(p.mean) != (0, 0, 0) or tuple(p.std) != (255, 255, 255):
+        out.append(f"{said} takes pixels / 255, the card's mean {list(p.mean)} and std {list(p.std)} do otherwise: "
+                   f"set preprocess.mean: [0, 0, 0] and preprocess.std: [255, 255, 255]")
+    return out
 
 
 def _kpt_shape(text: str) -> tuple[int, ...]:
