@@ -138,7 +138,7 @@ class FleetConfig:
     # local: one host (the inbox lock, the local scan); auto: queue on PostgreSQL, local on SQLite
     mode: Literal["auto", "queue", "local"] = "auto"
     lease_s: float = field(default=60.0, metadata=_POSITIVE)  # a claim's lease; renewed 4 times per span
-    scan_s: float = field(default=5.0, metadata=_POSITIVE)  # the scanner lists the folder this often
+    scan_s: float = field(default=5.0, metadata=_POSITIVE)  # the scanner lists a watched inbox this often
     poll_s: float = field(default=1.0, metadata=_POSITIVE)  # an idle worker looks for claimable rows this often
 
 

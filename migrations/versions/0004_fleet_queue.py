@@ -50,6 +50,7 @@ def upgrade() -> None:
         sa.Column('lease_until', sa.DateTime(timezone=True), nullable=True),
         sa.Column('scan_started', sa.DateTime(timezone=True), nullable=True),
         sa.Column('scan_finished', sa.DateTime(timezone=True), nullable=True),
+        sa.Column('scan_wanted', sa.DateTime(timezone=True), nullable=True),
     )
     with op.batch_alter_table('runs', schema=None) as batch_op:
         batch_op.add_column(sa.Column('heartbeat_at', sa.DateTime(timezone=True), nullable=True))

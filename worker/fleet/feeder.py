@@ -140,6 +140,7 @@ def feed_folder(cfg: Config, folder: Path, pipeline: Fed, leases: Leases, stop: 
     """`worker run DIR` in fleet mode: this host's share of the folder; returns once all of it is done."""
     scan = FolderScan(leases.queue, lambda: walk(folder, cfg.extensions, skip=(cfg.outbox,)), folder, cfg.fleet.scan_s)
     feeder = Feeder(leases.queue, leases, pipeline, folder, scan, cfg.pipeline.queue_size, cfg.fleet.poll_s)
+    feeder.since = leases.queue.want_scan()  # done once a full scan begun after this has ended
     leases.queue.requeue_failed()  # a new run retries what failed, as on one host
     feeder.run(stop, burst=True, check=tick)
     done_before = leases.queue.done_before(feeder.since)  # skipped, as on one host, without even a claim

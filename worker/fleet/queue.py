@@ -144,6 +144,19 @@ class ClaimQueue:
         """Take or keep the scanner's lease for this folder; True while this run holds it."""
         return bool(self.shared.run(_LEAD, self._key))
 
+    def want_scan(self) -> datetime:
+        """A `run` joining: ask the scanner for a full scan begun after now (the server's clock, returned)."""
+        rows = self.shared.run("INSERT INTO scanners (model, root, scan_wanted) VALUES (%(model)s, %(root)s, now()) "
+                               "ON CONFLICT (model, root) DO UPDATE SET scan_wanted = EXCLUDED.scan_wanted "
+                               "RETURNING scan_wanted", self._key)
+        return rows[0][0]  # type: ignore[no-any-return]
+
+    def scan_wanted(self) -> bool:
+        """Whether a run has asked for a scan since the last one began (or none ever began)."""
+        rows = self.shared.run("SELECT scan_started IS NULL OR scan_wanted >= scan_started FROM scanners "
+                               "WHERE model = %(model)s AND root = %(root)s", self._key)
+        return bool(rows and rows[0][0])
+
     def scan_started(self) -> datetime:
         rows = self.shared.run("UPDATE scanners SET scan_started = now() WHERE model = %(model)s AND root = %(root)s "
                                "AND leader = %(me)s RETURNING scan_started", self._key)

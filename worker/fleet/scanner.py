@@ -22,8 +22,8 @@ CHUNK = 500  # files listed (and enqueued in one statement) per step of the feed
 
 
 class FolderScan:
-    """`worker run DIR`: every file under the folder, again every `every_s` (a later run joining waits for a
-    scan begun after it started, so that it knows the folder is done)."""
+    """`worker run DIR`: every file under the folder, walked again only when a run joins (it waits for a scan begun
+    after it started, so that it knows the folder is done), at most every `every_s`."""
 
     def __init__(self, queue: ClaimQueue, files: Callable[[], Iterator[Path]], root: Path, every_s: float) -> None:
         self.queue, self.files, self.root, self.every_s = queue, files, root, every_s
@@ -33,7 +33,7 @@ class FolderScan:
 
     def step(self) -> None:
         if self._walk is None:
-            if time.monotonic() - self._last < self.every_s:
+            if time.monotonic() - self._last < self.every_s or not self.queue.scan_wanted():
                 return
             self._last = time.monotonic()
             self._started, self._walk = self.queue.scan_started(), self.files()

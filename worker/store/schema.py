@@ -175,3 +175,4 @@ class ScannerRow(Base):
     lease_until: Mapped[datetime | None] = mapped_column(UTCDateTime())
     scan_started: Mapped[datetime | None] = mapped_column(UTCDateTime())
     scan_finished: Mapped[datetime | None] = mapped_column(UTCDateTime())  # of the scan begun at scan_started
+    scan_wanted: Mapped[datetime | None] = mapped_column(UTCDateTime())  # a `run` joined then: it needs a scan after
