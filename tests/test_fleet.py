@@ -271,3 +271,25 @@ def test_the_deployment_files_name_what_exists() -> None:
         for option in (a for a in command[1:] if a.startswith("--")):
             assert option in watch_help, option
     assert compose["services"]["worker"]["build"]["dockerfile"] == "deploy/Dockerfile"
+
+
+def test_a_watcher_keeping_its_inputs_takes_each_once(cfg, tmp_path: Path, samples: Path, url: str,
+                                                      models: Path) -> None:
+    """`watch --burst` in fleet mode with `inputs: keep`: each file queued and done once; a second start finds
+    them queued already and takes none again."""
+    import threading
+
+    from worker.service import watch
+
+    make_corpus(tmp_path / "inbox", samples, n=40, bad=0)
+    c = dataclasses.replace(cfg, db=url, models_dir=models, model="stand-in", inbox=tmp_path / "inbox",
+                            inputs=dataclasses.replace(cfg.inputs, watch="keep"),
+                            watch=dataclasses.replace(cfg.watch, settle_s=0.1),
+                            fleet=dataclasses.replace(cfg.fleet, scan_s=0.2, poll_s=0.1))
+    first = watch(c, threading.Event(), burst=True)
+    assert (first.figures["done"], first.figures["failed"]) == (40, 0)
+    second = watch(c, threading.Event(), burst=True)
+    assert second.figures["done"] == 0
+    _each_once(url, 40)
+    assert rows(url, "SELECT max(attempts) FROM queue")[0][0] == 1
+    assert len(list((tmp_path / "inbox").rglob("*.jpg"))) == 40  # kept where they were

@@ -153,8 +153,9 @@ def feed_inbox(cfg: Config, inbox: Path, pipeline: Fed, leases: Leases, stop: th
     """`worker watch` in fleet mode: the scanner (one host at a time) queues what is complete; every host claims."""
     # a file seen again longer than a lease after its row was finished is a new drop (moved or deleted inputs)
     again = None if cfg.inputs.watch == "keep" else cfg.fleet.lease_s
-    scan = InboxScan(leases.queue, lambda found: Intake(inbox, cfg.extensions, cfg.watch.settle_s, 0.0, found,
-                                                        incomplete_s=cfg.watch.incomplete_s), cfg.fleet.scan_s, again)
+    scan = InboxScan(leases.queue, lambda found, done: Intake(inbox, cfg.extensions, cfg.watch.settle_s, 0.0, found,
+                                                              done=done, incomplete_s=cfg.watch.incomplete_s),
+                     cfg.fleet.scan_s, again)
     feeder = Feeder(leases.queue, leases, pipeline, inbox, scan, cfg.pipeline.queue_size, cfg.fleet.poll_s)
     log.info("watching %s with the fleet (run %d, lease %g s)", inbox, leases.queue.me, leases.queue.lease_s)
     if ready is not None:

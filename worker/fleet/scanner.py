@@ -55,15 +55,23 @@ class FolderScan:
         self._walk = None
 
 
+# files a scanner of kept inputs remembers as queued (their names and stamps), so that each rescan does not
+# offer them to the database again; past this many it starts over (they are offered once more, and kept out)
+REMEMBERED = 200_000
+
+
 class InboxScan:
     """`worker watch`: files complete in the inbox (settled, not cut short: the intake's checks), listed again every
-    `every_s`; a file dropped again after its row was finished (moved or deleted inputs) is queued again."""
+    `every_s`; a file dropped again after its row was finished (moved or deleted inputs) is queued again. With
+    inputs kept (`requeue_after_s` None) the files queued are remembered and not offered again."""
 
-    def __init__(self, queue: ClaimQueue, make_intake: Callable[[Callable[[Job], object]], Intake], every_s: float,
-                 requeue_after_s: float | None) -> None:
+    def __init__(self, queue: ClaimQueue,
+                 make_intake: Callable[[Callable[[Job], object], Callable[[str, tuple[int, int]], bool] | None], Intake],
+                 every_s: float, requeue_after_s: float | None) -> None:
         self.queue, self.every_s, self.requeue_after_s = queue, every_s, requeue_after_s
         self._found: list[Job] = []
-        self.intake = make_intake(self._found.append)
+        self._queued: dict[str, tuple[int, int]] = {}  # rel -> (size, mtime_ns): kept inputs queued already
+        self.intake = make_intake(self._found.append, self._was_queued if requeue_after_s is None else None)
         self._started: datetime | None = None
         self._last = -float("inf")
 
@@ -76,11 +84,18 @@ class InboxScan:
         self.intake.tick()
         found, self._found[:] = list(self._found), []
         self.queue.enqueue([(as_text(job.rel), job.size, job.mtime_ns) for job in found], self.requeue_after_s)
+        if self.requeue_after_s is None:
+            if len(self._queued) + len(found) > REMEMBERED:
+                self._queued.clear()
+            self._queued.update((job.rel, (job.size, job.mtime_ns)) for job in found)
         for job in found:  # the queue remembers it now
             self.intake.forget(job)
         if self._started is not None and not self.intake.pending():
             self.queue.scan_finished(self._started)
             self._started = None
+
+    def _was_queued(self, rel: str, sig: tuple[int, int]) -> bool:
+        return self._queued.get(rel) == sig
 
     def stop(self) -> None:
         self._started = None
