@@ -129,6 +129,9 @@ def test_kill_9_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, s
         t.join()
     assert killed >= 2 and len(seen) >= 2 * killed
     assert wait_for(lambda: not [p for p in seen if _alive(p)], 10), "the prepare processes die with the worker"
+    # and those started too late for the 0.1 s look above (a replacement spawned just before the kill): a
+    # start while one still writes would keep its temporary file, as a live process's
+    assert wait_for(lambda: not [p for p in psutil.process_iter() if SHARD in _cmdline(p) and _alive(p)], 10)
     assert _shm() == shm, "nothing left in /dev/shm"
     proc = start(conf, "run", str(tmp_path / "in"), "--no-progress")
     _, err = proc.communicate(timeout=300)
