@@ -38,7 +38,6 @@ from worker.fleet.feeder import feed_folder, feed_inbox
 from worker.fleet.leases import Leases
 from worker.fleet.queue import ClaimQueue
 from worker.measure.prometheus import Metrics, serving
-from worker.runtime.gpu import GpuMemory
 from worker.status import StatusLog
 from worker.store.shared import SharedConnection
 from worker.store.db import database, sqlite_file
@@ -201,7 +200,6 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
                        config=cfg.as_dict())
         recorder = Recorder(db, info)
         metrics = Metrics(card.name, info.model_sha256, info.providers) if cfg.metrics.port else None
-        gpu = GpuMemory(engine.device_id) if engine.on_gpu and metrics is not None else None
         shared = SharedConnection(db) if fleet else None
         leases = Leases(ClaimQueue(shared, recorder.run_id, card.name, info.root, cfg.fleet.lease_s)) if shared else None
         try:
@@ -213,13 +211,13 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
             if processes > 1:
                 with ProcessPipeline(cfg=cfg, card=card, engine=engine, recorder=recorder, info=info, db=db,
                                      settings=settings, processes=processes - 1, on_finished=on_finished) as shards, \
-                        serving(metrics, cfg.metrics.host, cfg.metrics.port, shards, _written(cfg, inputs), gpu):
+                        serving(metrics, cfg.metrics.host, cfg.metrics.port, shards, _written(cfg, inputs)):
                     yield shards
             else:
                 with Pipeline(card=card, engine=engine, adapter=adapter, recorder=recorder, outbox=outbox,
                               db=db, settings=settings, on_finished=on_finished, leases=leases,
                               shared=shared, metrics=metrics) as pipeline, \
-                        serving(metrics, cfg.metrics.host, cfg.metrics.port, pipeline, _written(cfg, inputs), gpu):
+                        serving(metrics, cfg.metrics.host, cfg.metrics.port, pipeline, _written(cfg, inputs)):
                     yield pipeline
         finally:
             recorder.close()

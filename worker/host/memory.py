@@ -101,6 +101,7 @@ class MemorySampler:
         self._sink = sink
         self._state = state
         self._gpu = gpu
+        self.last: Sample | None = None  # the latest sample taken (read by the Prometheus gauges)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="memory-sampler", daemon=True)
         self._thread.start()
@@ -119,4 +120,6 @@ class MemorySampler:
         self._sink(self._take())  # the last sample shows the end state
 
     def _take(self) -> Sample:
-        return take_sample(*self._state(), gpu_bytes=self._gpu() if self._gpu is not None else None, tree=self._tree)
+        self.last = take_sample(*self._state(), gpu_bytes=self._gpu() if self._gpu is not None else None,
+                                tree=self._tree)
+        return self.last

@@ -7,7 +7,9 @@ registry of the worker's own, served over HTTP by prometheus-client:
     worker_last_image_timestamp_seconds        gauges, read at each scrape
     worker_info{version, model, model_sha256, providers}
 
-Counters and gauges are read from the pipeline when scraped; the stage histograms are observed as each image
+Counters and gauges are read from the pipeline when scraped (memory from its sampler's latest sample, the one
+`metrics.memory_sample_s` writes to the database: RSS over every process of the worker, GPU memory through
+NVML); the stage histograms are observed as each image
 finishes (in the process that finishes it: with prepare processes, `pipeline.processes` > 1, they stay empty)."""
 
 from __future__ import annotations
@@ -22,7 +24,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import psutil
 from prometheus_client import CollectorRegistry, Histogram, Info, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -32,6 +33,7 @@ from worker.errors import ConfigError
 
 if TYPE_CHECKING:
     from worker.pipeline.items import Counts
+    from worker.store.events import Sample
 
 STAGES = ("queue_wait", "decode", "preprocess", "infer", "postprocess", "write", "total")
 # seconds: from a small model's few milliseconds on a GPU to a big TIFF's seconds on a CPU
@@ -65,9 +67,10 @@ class Metrics:
                 histogram.observe(ms / 1000)
 
     def serve(self, host: str, port: int, counts: Callable[[], tuple[int, int, int]], depth: Callable[[], int],
-              folders: Sequence[tuple[str, Path]], gpu: Callable[[], int | None] | None = None) -> None:
-        """Read the pipeline at each scrape (`counts`: done, failed, skipped) and serve /metrics on host:port."""
-        self.registry.register(_Live(self, counts, depth, folders, gpu))
+              folders: Sequence[tuple[str, Path]], sample: Callable[[], Sample | None]) -> None:
+        """Read the pipeline at each scrape (`counts`: done, failed, skipped; `sample`: its latest memory sample)
+        and serve /metrics on host:port."""
+        self.registry.register(_Live(self, counts, depth, folders, sample))
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as e:
@@ -90,9 +93,8 @@ class _Live(Collector):
     """What is read at each scrape: the counters of finished images and the gauges."""
 
     def __init__(self, metrics: Metrics, counts: Callable[[], tuple[int, int, int]], depth: Callable[[], int],
-                 folders: Sequence[tuple[str, Path]], gpu: Callable[[], int | None] | None) -> None:
-        self.metrics, self.counts, self.depth, self.folders, self.gpu = metrics, counts, depth, folders, gpu
-        self.process = psutil.Process()
+                 folders: Sequence[tuple[str, Path]], sample: Callable[[], Sample | None]) -> None:
+        self.metrics, self.counts, self.depth, self.folders, self.sample = metrics, counts, depth, folders, sample
 
     def describe(self) -> list[Any]:
         return []  # families made at each collect (their label values are only known then)
@@ -105,10 +107,12 @@ class _Live(Collector):
         yield images
         yield GaugeMetricFamily("worker_queue_depth", "Images in the pipeline: submitted and not yet finished",
                                 value=self.depth())
-        yield GaugeMetricFamily("worker_rss_bytes", "Resident memory of the worker's process",
-                                value=self.process.memory_info().rss)
-        if self.gpu is not None and (held := self.gpu()) is not None:
-            yield GaugeMetricFamily("worker_gpu_memory_bytes", "GPU memory the worker holds (NVML)", value=held)
+        if (sample := self.sample()) is not None:
+            yield GaugeMetricFamily("worker_rss_bytes", "Resident memory of the worker (its processes together)",
+                                    value=sample.rss_bytes)
+            if sample.gpu_bytes is not None:
+                yield GaugeMetricFamily("worker_gpu_memory_bytes", "GPU memory the worker holds (NVML)",
+                                        value=sample.gpu_bytes)
         free = GaugeMetricFamily("worker_disk_free_bytes", "Free room on the filesystem of each folder the worker "
                                  "fills", labels=["folder"])
         for name, path in self.folders:
@@ -128,16 +132,18 @@ class Served(Protocol):
 
     def depth(self) -> int: ...
 
+    def last_sample(self) -> Sample | None: ...
+
 
 @contextmanager
-def serving(metrics: Metrics | None, host: str, port: int, pipeline: Served, folders: Sequence[tuple[str, Path]],
-            gpu: Callable[[], int | None] | None = None) -> Iterator[None]:
+def serving(metrics: Metrics | None, host: str, port: int, pipeline: Served,
+            folders: Sequence[tuple[str, Path]]) -> Iterator[None]:
     """/metrics on host:port while the block runs (nothing when `metrics` is None)."""
     if metrics is None:
         yield
         return
     c = pipeline.counts
-    metrics.serve(host, port, lambda: (c.done, c.failed, c.skipped), pipeline.depth, folders, gpu)
+    metrics.serve(host, port, lambda: (c.done, c.failed, c.skipped), pipeline.depth, folders, pipeline.last_sample)
     logging.getLogger(__name__).info("Prometheus metrics on http://%s:%d/metrics", host, metrics.port)
     try:
         yield

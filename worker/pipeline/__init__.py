@@ -38,6 +38,7 @@ from worker.host.names import as_text, on_disk
 from worker.outputs.outbox import Outbox
 from worker.pipeline.pause import FullOutboxPause
 from worker.store.ledger import Ledger, WhatDone
+from worker.store.events import Sample
 from worker.store.recorder import Recorder
 from worker.store.shared import SharedConnection
 from worker.tasks import TaskAdapter
@@ -210,6 +211,10 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
     def outbox_full(self) -> bool:
         """Intake is paused: the outbox's disk is full."""
         return self._outbox_pause.full
+
+    def last_sample(self) -> Sample | None:
+        """The memory sampler's latest sample (RSS, GPU memory): what the Prometheus gauges show."""
+        return self._sampler.last
 
     def depth(self) -> int:
         """Images in the pipeline: submitted and not yet finished (queued, in progress, or waiting for

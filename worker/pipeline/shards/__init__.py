@@ -43,7 +43,7 @@ from worker.pipeline.shards.shard import ShardSpec, Snapshot
 from worker.pipeline.shards.tensors import SharedTensors, serve
 from worker.runtime.engine import Engine
 from worker.runtime.gpu import GpuMemory
-from worker.store.events import RunInfo
+from worker.store.events import RunInfo, Sample
 from worker.store.ledger import Ledger, WhatDone
 from worker.store.recorder import Recorder
 
@@ -294,6 +294,10 @@ class ProcessPipeline:
 
     def depth(self) -> int:
         return self._pending
+
+    def last_sample(self) -> Sample | None:
+        """The memory sampler's latest sample, summed over every process."""
+        return self._sampler.last
 
     def drain(self, timeout: float | None = None) -> bool:
         with self._idle:
