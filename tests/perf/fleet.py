@@ -32,13 +32,6 @@ from worker.measure.samples import fetch_samples
 from worker.store.db import open_db
 
 
-def _admin_rows(sql: str, *params: object) -> list[tuple]:
-    import psycopg
-
-    with psycopg.connect(ADMIN) as c:
-        return c.execute(sql, params).fetchall()
-
-
 def round_of(root: Path, hosts: int, model: str, models: Path, n: int) -> dict[str, float]:
     with fresh_database() as url:
         open_db(url).dispose()
@@ -48,13 +41,13 @@ def round_of(root: Path, hosts: int, model: str, models: Path, n: int) -> dict[s
         conf = write_config(tmp, url, models, lease_s=60.0)
         conf.write_text(conf.read_text().replace("model: stand-in", f"model: {model}"))
         xacts = "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = %s"
-        before = _admin_rows(xacts, name)[0][0]
+        before = rows(ADMIN, xacts, name)[0][0]
         t0 = time.monotonic()
         started = [start_host(conf, f"host{i}", "run", "in/") for i in range(hosts)]
         most: dict[str, int] = {}
         total = 0
         while any(h.proc.poll() is None for h in started):
-            now = _admin_rows("SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s "
+            now = rows(ADMIN, "SELECT application_name, count(*) FROM pg_stat_activity WHERE datname = %s "
                               "AND application_name LIKE 'worker@%%' GROUP BY 1", name)
             for app, k in now:
                 most[app] = max(most.get(app, 0), k)
@@ -63,7 +56,7 @@ def round_of(root: Path, hosts: int, model: str, models: Path, n: int) -> dict[s
         wall = time.monotonic() - t0
         codes = [h.proc.returncode for h in started]
         time.sleep(0.6)  # pg_stat_database is updated at most every 500 ms
-        after = _admin_rows(xacts, name)[0][0]
+        after = rows(ADMIN, xacts, name)[0][0]
         (first, last), = rows(url, "SELECT min(created_at), max(updated_at) FROM images")
         reads, done = rows(url, "SELECT sum(attempts), count(*) FILTER (WHERE state = 'done') FROM queue")[0]
         logs = "".join(h.said() for h in started)

@@ -91,8 +91,11 @@ class Feeder:
         return self._take_over_one(stop) or self._take() > 0
 
     def _lead(self) -> None:
-        """Take the scanner's lease when it is free or has passed (its holder died); keep it while this runs."""
-        if time.monotonic() - self._led_at < self.queue.lease_s / RENEWALS_PER_LEASE:
+        """Take the scanner's lease when it is free or has passed (its holder died); keep it while this runs. The
+        leader renews it RENEWALS_PER_LEASE times a lease; the others look every poll, so that a leader that
+        stopped and gave it up is followed at once."""
+        every = self.queue.lease_s / RENEWALS_PER_LEASE if self.leading else self.poll_s
+        if time.monotonic() - self._led_at < every:
             return
         self._led_at = time.monotonic()
         leading = self.queue.lead()

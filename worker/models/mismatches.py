@@ -100,7 +100,7 @@ def explain(path: Path, card: ModelCard, theirs: np.ndarray, max_pixels: int, at
     single = [v for v in variants(card) if turned or not v.unturned]
     tried: list[Explanation] = []
     for combo in [(v,) for v in single] + [c for c in itertools.combinations(single, 2) if c[0].group != c[1].group]:
-        spec, interpolation, source = card.preprocess, None, image
+        spec, interpolation, source = card.preprocess, cv2.INTER_LINEAR, image
         for v in combo:
             spec = v.spec(spec) if v.spec is not None else spec
             interpolation = v.interpolation if v.interpolation is not None else interpolation

@@ -8,6 +8,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+import cv2
 import numpy as np
 
 from worker.errors import CheckInputError, ImageError
@@ -50,8 +51,6 @@ def image_of(path: Path, card: ModelCard, max_pixels: int, ignore_orientation: b
     except OSError as e:
         raise CheckInputError(f"{path}: cannot read it: {e.strerror or e}") from None
     if ignore_orientation:
-        import cv2
-
         found = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR | cv2.IMREAD_IGNORE_ORIENTATION)
         if found is not None:
             return found
@@ -61,11 +60,9 @@ def image_of(path: Path, card: ModelCard, max_pixels: int, ignore_orientation: b
         raise CheckInputError(f"{path}: {e.reason}") from None
 
 
-def tensor_of(image: np.ndarray, card: ModelCard, interpolation: int | None = None) -> np.ndarray:
+def tensor_of(image: np.ndarray, card: ModelCard, interpolation: int = cv2.INTER_LINEAR) -> np.ndarray:
     """The network input for one image, (1, C, H, W) float32: the pipeline's preprocessing, batch of one."""
-    size = (card.input.size[0], card.input.size[1])
-    x, _ = prepare(image, card.preprocess, size) if interpolation is None else \
-        prepare(image, card.preprocess, size, interpolation)
+    x, _ = prepare(image, card.preprocess, (card.input.size[0], card.input.size[1]), interpolation)
     return x[None]
 
 
