@@ -168,31 +168,31 @@ class Ledger:
     def _lookup(self, which: str, rel: str, params: dict[str, Any]) -> Known | None:
         sql, order = self._sql[which]
         values = tuple(params[k] for k in order) if order else params
-        if self._shared is not None:
-            try:
-                rows = self._shared.run(sql, values)
-            except Exception as e:
-                if not database_wide(e):
-                    raise
-                log.debug("ledger check of %s: the database cannot say (%s)", rel, e)
-                return None
-            return Known(*rows[0]) if rows else None
         try:
-            conn = self._connection()
-            cur = conn.cursor()
-            try:
-                cur.execute(sql, values)
-                row = cur.fetchone()
-            finally:
-                cur.close()
-            conn.rollback()  # end the read transaction some drivers open (PostgreSQL); a no-op on SQLite
+            row = self._fetch_one(sql, values)
         except Exception as e:
             if not database_wide(e):
                 raise
             log.debug("ledger check of %s: the database cannot say (%s)", rel, e)
-            self._drop_connection()  # broken, perhaps (a server restart): the next check connects anew
-            return None
+            if self._shared is None:
+                self._drop_connection()  # broken, perhaps (a server restart): the next check connects anew
+            return None  # (the shared connection drops itself)
         return Known(*row) if row else None
+
+    def _fetch_one(self, sql: str, values: Any) -> Any:
+        """The statement's first row, on the shared connection or this thread's own."""
+        if self._shared is not None:
+            rows = self._shared.run(sql, values)
+            return rows[0] if rows else None
+        conn = self._connection()
+        cur = conn.cursor()
+        try:
+            cur.execute(sql, values)
+            row = cur.fetchone()
+        finally:
+            cur.close()
+        conn.rollback()  # end the read transaction some drivers open (PostgreSQL); a no-op on SQLite
+        return row
 
     def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)
