@@ -44,7 +44,7 @@ class Leases:
         return claims
 
     def settled(self, ticket: tuple[int, int]) -> None:
-        """The claim's outcome is committed (or fenced off): no longer renewed."""
+        """The claim's outcome is handed on (committed, or fenced off): no longer watched for loss here."""
         with self._lock:
             self._mine.discard(ticket)
             self._lost.discard(ticket)
