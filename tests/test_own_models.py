@@ -20,7 +20,8 @@ import cv2
 import numpy as np
 import pytest
 
-from tests.support.onnx_models import card_file, channels_last_model, deploy_detector, quadrant_segmenter, rows_model, save_model, seg_model
+from tests.support.onnx_models import (card_file, channels_last_model, deploy_detector, gray_model, quadrant_segmenter,
+                                      rows_model, save_model, seg_model)
 from worker.errors import ConfigError, ModelError
 from worker.outputs.coco import coco
 from worker.models.card import load_card
@@ -207,21 +208,6 @@ def test_a_channels_last_model_under_a_channels_first_card_is_refused_with_the_f
         run_folder(dataclasses.replace(cfg, model="tf"), images)
 
 
-def _gray_model(path: Path, layout: str) -> None:
-    """A one-channel segmenter, (N, 1, 32, 48) or (N, 32, 48, 1) -> logits (N, 1, 32, 48) = 8 x - 4: a
-    pixel is in the mask where its normalised gray level x is above one half."""
-    from onnx import TensorProto, helper, numpy_helper
-
-    shape = ["N", 1, 32, 48] if layout == "nchw" else ["N", 32, 48, 1]
-    nodes = [helper.make_node("Transpose", ["input"], ["x"], perm=[0, 3, 1, 2])] if layout == "nhwc" else []
-    nodes.append(helper.make_node("Conv", ["x" if nodes else "input", "w", "b"], ["logits"], kernel_shape=[1, 1]))
-    graph = helper.make_graph(nodes, "gray", [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
-                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1, 32, 48])],
-                              initializer=[numpy_helper.from_array(np.full((1, 1, 1, 1), 8.0, np.float32), "w"),
-                                           numpy_helper.from_array(np.array([-4.0], np.float32), "b")])
-    save_model(graph, path)
-
-
 def _gray_card(models: Path, layout: str, pre: str = "{color: gray, resize: stretch, mean: [0], std: [255]}") -> None:
     folder = models / "xray"
     folder.mkdir(parents=True, exist_ok=True)
@@ -234,7 +220,7 @@ def _gray_card(models: Path, layout: str, pre: str = "{color: gray, resize: stre
 def test_a_one_channel_model_gets_the_gray_levels(own, layout: str) -> None:
     cfg, models, images = own
     _gray_card(models, layout)
-    _gray_model(models / "xray" / "xray.onnx", layout)
+    gray_model(models / "xray" / "xray.onnx", layout)
     # luma 0.299 R + 0.587 G + 0.114 B: pure red 76, green 150, blue 29 of 255; only green is above half
     _thirds(images / "bands.png", [(0, 0, 255), (0, 255, 0), (255, 0, 0)])
     scan = np.full((60, 90), 50, np.uint8)
@@ -262,7 +248,7 @@ def test_a_card_whose_colour_contradicts_the_models_channels_is_refused_with_the
     cfg, models, images = own
     _gray_card(models, "nchw", pre)
     if model_channels == 1:
-        _gray_model(models / "xray" / "xray.onnx", "nchw")
+        gray_model(models / "xray" / "xray.onnx", "nchw")
     else:
         _channels_model(models / "xray" / "xray.onnx", 1)
     _thirds(images / "bands.png", [(0, 0, 255)] * 3)
@@ -275,7 +261,7 @@ def test_a_16_bit_card_gets_a_12_bit_scans_levels_unrounded(own) -> None:
     keep 16 levels of its 4,096), an 8-bit file widened (x 257); overlays are drawn at 8 bits."""
     cfg, models, images = own
     _gray_card(models, "nchw", "{color: gray, depth: 16, resize: stretch, mean: [0], std: [4095]}")
-    _gray_model(models / "xray" / "xray.onnx", "nchw")
+    gray_model(models / "xray" / "xray.onnx", "nchw")
     scan = np.full((60, 90), 1000, np.uint16)
     scan[:, :45] = 3000  # 12-bit levels: x = level / 4095, in the mask where x > 0.5
     cv2.imwrite(str(images / "scan.png"), scan)
@@ -302,7 +288,7 @@ def test_a_32_bit_card_gets_a_float_tiffs_temperatures_as_they_are(own) -> None:
     fails naming them, and the overlay stretches the range to 8 bits. At depth 8 the same file failed."""
     cfg, models, images = own
     _gray_card(models, "nchw", "{color: gray, depth: 32, resize: stretch, mean: [0], std: [100]}")
-    _gray_model(models / "xray" / "xray.onnx", "nchw")
+    gray_model(models / "xray" / "xray.onnx", "nchw")
     temps = np.full((60, 90), 21.5, np.float32)
     temps[:, :45] = 80.25
     cv2.imwrite(str(images / "thermal.tiff"), temps)

@@ -144,3 +144,18 @@ def quadrant_segmenter(path: Path, layout: str) -> None:
     protos[0, :6, :9] = 10.0
     protos[1, 2:, 3:] = 10.0
     seg_model(path, rows, gate, protos)
+
+
+def gray_model(path: Path, layout: str) -> None:
+    """A one-channel segmenter, (N, 1, 32, 48) or (N, 32, 48, 1) -> logits (N, 1, 32, 48) = 8 x - 4: a
+    pixel is in the mask where its normalised gray level x is above one half."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    shape = ["N", 1, 32, 48] if layout == "nchw" else ["N", 32, 48, 1]
+    nodes = [helper.make_node("Transpose", ["input"], ["x"], perm=[0, 3, 1, 2])] if layout == "nhwc" else []
+    nodes.append(helper.make_node("Conv", ["x" if nodes else "input", "w", "b"], ["logits"], kernel_shape=[1, 1]))
+    graph = helper.make_graph(nodes, "gray", [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 1, 32, 48])],
+                              initializer=[numpy_helper.from_array(np.full((1, 1, 1, 1), 8.0, np.float32), "w"),
+                                           numpy_helper.from_array(np.array([-4.0], np.float32), "b")])
+    save_model(graph, path)
