@@ -48,7 +48,7 @@ def test_an_ultralytics_export_makes_a_card_that_runs(tmp_path: Path, samples: P
     card = yaml.safe_load((tmp_path / "models" / "mine" / "model.yaml").read_text())
     assert card["task"] == "detect" and card["input"]["size"] == [32, 48] and card["input"]["name"] == "input"
     assert card["preprocess"]["resize"] == "letterbox" and card["preprocess"]["pad_value"] == 114
-    assert card["postprocess"] == {"output": "output0", "layout": "yolov8", "threshold": 0.25, "iou": 0.45}
+    assert card["postprocess"] == {"output": "output0", "layout": "yolov8", "threshold": 0.25, "iou": 0.7}
     assert "# inferred" in said and "2 class names (its metadata), read at start: dent, scratch" in said
     code, said = _init(tmp_path, "check", "mine")  # the card holds to the model, as a start does
     assert code == 0 and "model 'mine' (detect): ok" in said, said

@@ -137,9 +137,9 @@ def ready_model(cfg: Config, card: ModelCard) -> ReadyModel:
     card = with_labels(card, cfg.cache_dir)
     engine = Engine.for_card(onnx, cfg.engine, cfg.engine.intra_op_threads or DEFAULT_INTRA_OP_THREADS, card)
     size_hw = (card.input.size[0], card.input.size[1])
-    engine.check_input(size_hw, card.name)
+    engine.check_input(size_hw, card.name, card.preprocess.rect)
     check_exported(card, engine.metadata, onnx)  # what the exporter says the model is, before any run
-    for warning in exported_warnings(card, engine.metadata):
+    for warning in exported_warnings(card, engine.metadata, engine.dynamic_hw):
         log.warning("%s", warning)
     if not card.labels and (names := exported_labels(engine.metadata)):  # a card of one's own export
         log.info("model '%s': %d class names from %s's metadata (%s ...)", card.name, len(names), onnx.name,

@@ -159,3 +159,54 @@ def gray_model(path: Path, layout: str) -> None:
                               initializer=[numpy_helper.from_array(np.full((1, 1, 1, 1), 8.0, np.float32), "w"),
                                            numpy_helper.from_array(np.array([-4.0], np.float32), "b")])
     save_model(graph, path)
+
+
+RECT_BOXES = 12  # the rect detector's boxes (anchors), 2 classes
+
+
+def rect_detector(path: Path) -> None:
+    """A YOLOv8-layout detector of dynamic height and width, as `yolo export dynamic=True` gives one, with
+    Ultralytics' metadata: images (N, 3, H, W) -> output0 (N, 4 + 2, 12). Its boxes sit at fixed fractions
+    of the input it is given (cx, cy, w, h = f * W, f * H, ...), so where they land in the image depends on
+    the input's own size and padding; each class score is a fixed value plus the image's mean level."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    k = RECT_BOXES
+    unit = np.stack([rng.uniform(0.2, 0.8, k), rng.uniform(0.2, 0.8, k), rng.uniform(0.1, 0.4, k),
+                     rng.uniform(0.1, 0.4, k)])[None].astype(np.float32)  # (1, 4, K): cx, cy, w, h
+    base = rng.uniform(0.0, 0.6, (1, 2, k)).astype(np.float32)
+    gate = rng.uniform(0.2, 0.6, (1, 2, k)).astype(np.float32)
+    inits = [numpy_helper.from_array(unit, "unit"), numpy_helper.from_array(base, "base"),
+             numpy_helper.from_array(gate, "gate"), numpy_helper.from_array(np.array([2], np.int64), "two"),
+             numpy_helper.from_array(np.array([4], np.int64), "four"),
+             numpy_helper.from_array(np.array([1, 4, 1], np.int64), "column"),
+             numpy_helper.from_array(np.array([-1, 1, 1], np.int64), "per_image"),
+             numpy_helper.from_array(np.array([1, 0, 1, 0], np.int64), "wh_order")]
+    nodes = [helper.make_node("Shape", ["images"], ["shape"]),
+             helper.make_node("Slice", ["shape", "two", "four"], ["hw"]),  # [H, W]
+             helper.make_node("Cast", ["hw"], ["hw_f"], to=TensorProto.FLOAT),
+             helper.make_node("Gather", ["hw_f", "wh_order"], ["whwh"], axis=0),  # [W, H, W, H]
+             helper.make_node("Reshape", ["whwh", "column"], ["whwh3"]),  # (1, 4, 1)
+             helper.make_node("Mul", ["unit", "whwh3"], ["boxes1"]),  # (1, 4, K) in input pixels
+             helper.make_node("ReduceMean", ["images"], ["level"], axes=[1, 2, 3], keepdims=0),  # (N,)
+             helper.make_node("Reshape", ["level", "per_image"], ["level3"]),  # (N, 1, 1)
+             helper.make_node("Mul", ["level3", "gate"], ["lit"]),
+             helper.make_node("Add", ["lit", "base"], ["scores"]),  # (N, 2, K)
+             helper.make_node("Sub", ["level3", "level3"], ["zero"]),
+             helper.make_node("Add", ["zero", "boxes1"], ["boxes"]),  # (N, 4, K)
+             helper.make_node("Concat", ["boxes", "scores"], ["output0"], axis=1)]
+    graph = helper.make_graph(nodes, "rect", [helper.make_tensor_value_info("images", TensorProto.FLOAT,
+                                                                             ["batch", 3, "height", "width"])],
+                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, ["batch", 6, k])],
+                              initializer=inits)
+    import onnx
+
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    for key, value in {"author": "Ultralytics", "task": "detect", "stride": "32", "batch": "1",
+                       "imgsz": "[320, 320]", "names": "{0: 'square', 1: 'round'}",
+                       "args": "{'batch': 1, 'half': False, 'dynamic': True, 'nms': False}"}.items():
+        model.metadata_props.append(onnx.StringStringEntryProto(key=key, value=value))
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))

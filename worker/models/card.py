@@ -88,6 +88,10 @@ class Preprocess:
     # unrounded, as torchvision's to_tensor then resize does (RF-DETR's predict(): its two-stage query
     # selection moves with a tenth of a level)
     float_resize: bool = False
+    # letterbox only, for models of dynamic height and width: pad each side to a multiple of `stride`, not
+    # to the full size (Ultralytics' rectangular letterbox, its predict()'s default for such a model)
+    rect: bool = False
+    stride: int = 32
 
     @property
     def channels(self) -> int:
@@ -292,6 +296,11 @@ def load_card(path: Path) -> ModelCard:
     if top is not None and min(card.preprocess.mean) < 0:  # negative only in a file's own units (depth 32)
         raise ConfigError(f"{path}: 'preprocess.mean' is in pixel units at depth {card.preprocess.depth}, 0-{top}: "
                           f"got {list(card.preprocess.mean)} (a negative mean is for depth 32, a file's own values)")
+    if card.preprocess.rect and card.preprocess.resize != "letterbox":
+        raise ConfigError(f"{path}: 'preprocess.rect' pads a letterbox to a multiple of the stride: it needs "
+                          f"'preprocess.resize: letterbox', got {card.preprocess.resize}")
+    if card.preprocess.stride < 1:
+        raise ConfigError(f"{path}: 'preprocess.stride' must be at least 1, got {card.preprocess.stride}")
     if card.preprocess.resize == "letterbox" and card.task != "detect":
         raise ConfigError(f"{path}: 'preprocess.resize: letterbox' is only supported for detect models")
     if card.task == "segment" and not card.preprocess.resize.startswith("stretch"):

@@ -50,9 +50,10 @@ def check_exported(card: ModelCard, metadata: Mapping[str, str], onnx: Path) -> 
                          f"postprocess.layout: yolov8 reads them (layout: detr for an RT-DETR), not yolov5's")
 
 
-def exported_warnings(card: ModelCard, metadata: Mapping[str, str]) -> list[str]:
+def exported_warnings(card: ModelCard, metadata: Mapping[str, str], dynamic_hw: bool = False) -> list[str]:
     """Where the card's preprocessing parts from what an Ultralytics export was trained and exported with (its
-    imgsz; its predict()'s letterbox, RGB and /255): the results would differ, not fail, so said, not refused."""
+    imgsz; its predict()'s letterbox, rect for an export of dynamic height and width (`dynamic_hw`), RGB and
+    /255): the results would differ, not fail, so said, not refused."""
     if metadata.get("author") != "Ultralytics" or metadata.get("task") not in _CARD_TASK:
         return []
     out, p = [], card.preprocess
@@ -64,6 +65,9 @@ def exported_warnings(card: ModelCard, metadata: Mapping[str, str]) -> list[str]
     if metadata.get("task") != "classify" and p.resize != "letterbox":
         out.append(f"{said} letterboxes its input (predict()), the card's preprocess.resize is {p.resize}: set "
                    f"preprocess.resize: letterbox and pad_value: 114")
+    if metadata.get("task") != "classify" and p.resize == "letterbox" and dynamic_hw and not p.rect:
+        out.append(f"{said} is of dynamic height and width, which predict() letterboxes to a multiple of its stride "
+                   f"({metadata.get('stride', '32')}), not to a square: set preprocess.rect: true")
     if p.color == "bgr":
         out.append(f"{said} takes RGB, the card's preprocess.color is bgr: set preprocess.color: rgb")
     if tuple(p.mean) != (0, 0, 0) or tuple(p.std) != (255, 255, 255):

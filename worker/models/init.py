@@ -88,17 +88,26 @@ def card_text(name: str, onnx: Path, task: str | None) -> str:
              + f"  # inferred: name, layout and batch from the input {list(dims)}; size from {size_from}"]
     gray = "gray" if channels == 1 else "rgb"
     if ultra and task == "detect":
-        lines.append(f"preprocess: {{color: {gray}, resize: letterbox, pad_value: 114, mean: [0, 0, 0], std: [255, 255, 255]}}"
-                     "  # inferred: Ultralytics' predict() letterboxes to a square, pads with 114, RGB, /255")
+        hw = (dims[2], dims[3]) if layout == "nchw" else (dims[1], dims[2])
+        if all(isinstance(d, int) and d > 0 for d in hw):
+            lines.append(f"preprocess: {{color: {gray}, resize: letterbox, pad_value: 114, mean: [0, 0, 0], "
+                         "std: [255, 255, 255]}  # inferred: Ultralytics' predict() letterboxes to a square, pads "
+                         "with 114, RGB, /255")
+        else:  # exported with dynamic=True: predict() pads each side only to a multiple of the stride
+            stride = meta.get("stride", "32")
+            lines.append(f"preprocess: {{color: {gray}, resize: letterbox, rect: true, stride: {stride}, pad_value: 114, "
+                         "mean: [0, 0, 0], std: [255, 255, 255]}  # inferred: Ultralytics' predict() letterboxes a "
+                         "dynamic export to a multiple of its stride (rect), pads with 114, RGB, /255")
         post = [f"output: {export.outputs[0]}", "layout: " + ("end2end" if meta.get("end2end") == "True" else "yolov8"),
-                "threshold: 0.25", "iou: 0.45"]
+                "threshold: 0.25", "iou: 0.7"]
         if ultra_task == "segment" and len(export.outputs) > 1:
             post.append(f"masks: {export.outputs[1]}")
         if ultra_task == "pose" and (shape := _kpt_shape(meta.get("kpt_shape", ""))):
             post.append(f"keypoints: {list(shape)}")
         if ultra_task == "obb":
             post.append("obb: true")
-        lines.append("postprocess: {" + ", ".join(post) + "}  # inferred: its task, outputs and metadata")
+        lines.append("postprocess: {" + ", ".join(post) + "}  # inferred: its task, outputs and metadata; predict()'s "
+                     "conf and iou")
     elif ultra and task == "classify":
         lines.append(f"preprocess: {{color: {gray}, resize: shorter-crop, resize_shorter: {(size or [224])[0]}, "
                      "mean: [0, 0, 0], std: [255, 255, 255]}  # inferred: Ultralytics' classify_transforms, /255")

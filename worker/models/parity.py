@@ -93,9 +93,11 @@ class Aligned:
     notes: tuple[str, ...]
 
 
-def align(theirs: np.ndarray, mine: np.ndarray, card: ModelCard, path: Path) -> Aligned:
+def align(theirs: np.ndarray, mine: np.ndarray, card: ModelCard, path: Path,
+          rect_hw: tuple[int, int] | None = None) -> Aligned:
     """Match the user's tensor to the worker's NCHW batch of one: a missing batch axis is added, an NHWC tensor
-    is transposed (each said, with the card key where one applies); any other shape is refused."""
+    is transposed (each said, with the card key where one applies); any other shape is refused, naming
+    `preprocess.rect` where it has the (h, w) a rect letterbox would give this image (`rect_hw`)."""
     notes: list[str] = []
     x = theirs
     if x.dtype.kind not in "fiu":
@@ -113,6 +115,10 @@ def align(theirs: np.ndarray, mine: np.ndarray, card: ModelCard, path: Path) -> 
             notes.append(f"yours is NHWC {tuple(x.shape)}, the card says nchw: compared transposed (if the "
                          "model takes NHWC, set input.layout: nhwc)")
         x = x.transpose(0, 3, 1, 2)
+    if x.ndim == 4 and rect_hw is not None and x.shape[2:] == rect_hw and x.shape[:2] == mine.shape[:2]:
+        raise CheckInputError(f"{path}: shape {tuple(theirs.shape)} is a letterbox padded to a multiple of "
+                              f"{card.preprocess.stride}, not to {list(card.input.size)} (Ultralytics' rect, for an "
+                              f"export of dynamic height and width): set preprocess.rect: true")
     if x.shape != mine.shape:
         raise CheckInputError(f"{path}: shape {tuple(theirs.shape)} cannot be matched to the worker's {layout} "
                               f"tensor {tuple(mine.shape) if layout == 'NCHW' else (1, h, w, c)} (card "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,13 +26,14 @@ def check_parity(card: ModelCard, engine: Engine, image: Path, expect_input: Pat
                  expect_output: Path | None, dump: Path | None, atol: float, rtol: float, max_pixels: int) -> Verdict:
     """Run IMG through the worker's decode and preprocessing (and with `expect_output` or `dump`, the session),
     hold each to what the user gave, and say where they part and why, most likely."""
-    mine = tensor_of(image_of(image, card, max_pixels), card)
+    pixels = image_of(image, card, max_pixels)
+    mine = tensor_of(pixels, card)
     lines = [f"parity of {image.name} (the decode and preprocessing `run` and `watch` use, card '{card.name}'):",
              f"  worker's tensor: {tuple(mine.shape)} float32, NCHW"]
     ok = True
     if expect_input is not None:
         theirs = load_array(expect_input, "expected input")
-        aligned = align(theirs, mine, card, expect_input)
+        aligned = align(theirs, mine, card, expect_input, _rect_hw(pixels, card))
         lines.append(f"  yours:           {tuple(theirs.shape)} {theirs.dtype} ({expect_input.name})")
         lines += [f"  note: {n}" for n in aligned.notes]
         d = Difference.of(mine, aligned.tensor)
@@ -66,6 +68,15 @@ def check_parity(card: ModelCard, engine: Engine, image: Path, expect_input: Pat
     if dump is not None:
         lines += _dump(dump, mine, outputs, expect_input)
     return Verdict(tuple(lines), ok)
+
+
+def _rect_hw(image: np.ndarray, card: ModelCard) -> tuple[int, int] | None:
+    """The (h, w) a rect letterbox would give the image, where the card letterboxes to its full size."""
+    p = card.preprocess
+    if p.resize != "letterbox" or p.rect:
+        return None
+    shape = tensor_of(image, dataclasses.replace(card, preprocess=dataclasses.replace(p, rect=True))).shape
+    return shape[2], shape[3]
 
 
 def _dump(folder: Path, mine: np.ndarray, outputs: dict[str, np.ndarray], expect_input: Path | None) -> list[str]:

@@ -28,13 +28,21 @@ class InferStage(StageState):
                 self._infer(batch, buf)
 
     def _infer(self, batch: list[Item], buf: np.ndarray) -> None:
+        """Run the batch, in groups of one tensor shape where a rect letterbox sized them apart."""
+        shapes: dict[tuple[int, ...], list[Item]] = {}
+        for item in batch:
+            shapes.setdefault(item.tensor.shape if item.tensor is not None else (), []).append(item)
+        for group in shapes.values():
+            self._run(group, buf)
+
+    def _run(self, batch: list[Item], buf: np.ndarray) -> None:
         n = len(batch)
         if n == 1 and batch[0].tensor is not None:  # a batch of one runs on its own tensor: no copy
             x = batch[0].tensor[None]
         else:
+            x = within(buf, n, batch[0].tensor.shape if batch[0].tensor is not None else buf.shape[1:])
             for i, item in enumerate(batch):
-                buf[i] = item.tensor
-            x = buf[:n]
+                x[i] = item.tensor
         for item in batch:
             item.tensor = None  # release the per-image input early
         t0 = time.perf_counter()
@@ -52,3 +60,11 @@ class InferStage(StageState):
                 item.timings["infer_ms"] = ms
         for item in batch:
             self._inferred.put(item)
+
+
+def within(buf: np.ndarray, n: int, shape: tuple[int, ...]) -> np.ndarray:
+    """The first n tensors of `shape` laid out from the start of `buf` (a view; `shape` no larger than
+    buf's tensors: the card's size, or a rect letterbox's smaller one)."""
+    if tuple(shape) == buf.shape[1:]:
+        return buf[:n]
+    return buf.reshape(-1)[:n * int(np.prod(shape))].reshape(n, *shape)

@@ -194,12 +194,21 @@ class Engine:
                    card.postprocess.masks)
 
     @property
+    def dynamic_hw(self) -> bool:
+        """The model takes inputs of any height and width (exported with dynamic axes)."""
+        shape = self.input_shape
+        if len(shape) != 4:
+            return False
+        hw = (shape[2], shape[3]) if self.layout == "nchw" else (shape[1], shape[2])
+        return not all(isinstance(d, int) and d > 0 for d in hw)
+
+    @property
     def on_gpu(self) -> bool:
         return "CUDAExecutionProvider" in self.providers
 
-    def check_input(self, size_hw: tuple[int, int], name: str) -> None:
+    def check_input(self, size_hw: tuple[int, int], name: str, rect: bool = False) -> None:
         """Fail at start, not on the first image, when the card's input size, layout or colour (the
-        engine's `channels`) contradicts the model."""
+        engine's `channels`) contradicts the model, or a rect letterbox meets a model of fixed size."""
         shape, channels = self.input_shape, self.channels
         if len(shape) != 4:
             raise ModelError(f"model '{name}': input '{self.input_name}' has rank {len(shape)}, expected "
@@ -219,6 +228,10 @@ class Engine:
         for dim, want, what in ((h, size_hw[0], "height"), (w, size_hw[1], "width")):
             if isinstance(dim, int) and dim != want:
                 raise ModelError(f"model '{name}': card says input {what} {want}, the ONNX file says {dim}")
+        if rect and isinstance(h, int) and isinstance(w, int):
+            raise ModelError(f"model '{name}': preprocess.rect gives each image an input of its own aspect, but "
+                             f"input '{self.input_name}' {list(shape)} takes {h}x{w} only: leave rect out (or "
+                             f"export the model with dynamic height and width)")
 
     def run(self, batch: np.ndarray) -> ModelOutput:
         """(N, C, H, W) float32 -> the selected output, (N, ...) (float32 where the model gives float16);

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import cv2
@@ -19,6 +20,7 @@ class Geometry:
     scale_y: float
     left: int = 0
     top: int = 0
+    input_hw: tuple[int, int] | None = None  # the network input it fills (a rect letterbox's own); None: the card's
 
     def to_original(self, xy: np.ndarray, clip: bool = False) -> np.ndarray:
         """(..., 2) x, y in network-input pixels -> the same in the original's (`clip`: within it)."""
@@ -30,7 +32,7 @@ class Geometry:
     def rescaled(self, orig_hw: tuple[int, int]) -> "Geometry":
         """The same mapping for an image that was decoded smaller than its original size orig_hw."""
         fy, fx = orig_hw[0] / self.orig_hw[0], orig_hw[1] / self.orig_hw[1]
-        return Geometry(orig_hw, self.scale_x / fx, self.scale_y / fy, self.left, self.top)
+        return Geometry(orig_hw, self.scale_x / fx, self.scale_y / fy, self.left, self.top, self.input_hw)
 
 
 def needed_size(spec: Preprocess, size_hw: tuple[int, int], orig_hw: tuple[int, int]) -> tuple[int, int]:
@@ -57,7 +59,7 @@ def prepare(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2RGB)
     elif spec.color == "gray":  # after the resize: a third of the pixels to convert, the same luma to +-1
         resized = cv2.cvtColor(resized, cv2.COLOR_BGR2GRAY)[:, :, None]
-    th, tw = size_hw
+    th, tw = resized.shape[:2]  # the card's size, or less for a rect letterbox
     # one channel at a time straight into CHW: broadcasting over a last axis of 3 runs numpy's inner
     # loop 3 elements at a time, ten times slower for the same float32 arithmetic
     x = np.empty((spec.channels, th, tw), dtype=np.float32)
@@ -71,7 +73,14 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
                interpolation: int = cv2.INTER_LINEAR) -> tuple[np.ndarray, Geometry]:
     """(H, W, 3) -> (h, w, 3) of the same dtype, as the card's `resize` says (stretch, stretch sampled
     at (x * W / w, y * H / h), shorter side and centre crop, or letterbox), and the geometry that maps
-    it back."""
+    it back. A rect letterbox (`spec.rect`) pads each side only up to a multiple of `spec.stride`, as
+    Ultralytics' LetterBox(auto=True) does for models of dynamic height and width: (h', w') <= size_hw."""
+    resized, geo = _resize(image, spec, size_hw, interpolation)
+    return resized, dataclasses.replace(geo, input_hw=(resized.shape[0], resized.shape[1]))
+
+
+def _resize(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
+            interpolation: int) -> tuple[np.ndarray, Geometry]:
     h, w = image.shape[:2]
     th, tw = size_hw
     if spec.resize == "stretch":
@@ -104,6 +113,8 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
     else:  # letterbox
         s = min(th / h, tw / w)
         nw, nh = max(int(round(w * s)), 1), max(int(round(h * s)), 1)
+        if spec.rect:
+            th, tw = nh + (th - nh) % spec.stride, nw + (tw - nw) % spec.stride
         left, top = (tw - nw) // 2, (th - nh) // 2
         resized = np.full((th, tw, 3), spec.pad_value, dtype=image.dtype)  # uint16 at depth 16, float32 at 32
         resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=interpolation)

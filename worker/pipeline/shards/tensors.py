@@ -17,9 +17,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from worker.pipeline.infer import within
 from worker.runtime.model_output import ModelOutput
 
-_BATCH = struct.Struct("<I")
+_BATCH = struct.Struct("<4I")  # the batch's shape: (n, channels, height, width)
 _ANSWER = struct.Struct("<IQ")
 EXIT_PARENT_GONE = 75  # a prepare process's exit status when the inference process went away
 
@@ -41,9 +42,12 @@ class SharedTensors:
     def create(cls, count: int, shape: tuple[int, int, int, int]) -> "SharedTensors":
         return cls(os.memfd_create("worker-tensors", 0), count, shape)  # not inherited unless passed
 
-    def region(self, index: int, n: int) -> np.ndarray:
-        """Region `index`'s first `n` tensors (a view: writes go to the shared memory)."""
-        return self._views[index][n]
+    def region(self, index: int, n: int, shape: tuple[int, ...] | None = None) -> np.ndarray:
+        """Region `index`'s first `n` tensors (a view: writes go to the shared memory), of the region's
+        shape or of a smaller one (a rect letterbox's), laid out from the region's start."""
+        if shape is None or tuple(shape) == self.shape[1:]:
+            return self._views[index][n]
+        return within(self._views[index][self.shape[0]], n, shape)
 
     def close(self) -> None:
         self._views = []
@@ -74,7 +78,7 @@ class RemoteEngine:
     """What a prepare process's pipeline calls as its engine: the batch goes through region `index` to
     the inference process, which answers with the outputs (or the error's text).
 
-    On the socket, a batch is its size (4 bytes); an answer is a header's and a payload's lengths (4
+    On the socket, a batch is its shape (4 x 4 bytes); an answer is a header's and a payload's lengths (4
     and 8 bytes), the header (`a<dtype>;<shape>` for one array, whose bytes the payload is; `p` for
     anything else, pickled) and the payload: plain socket calls, one or two per batch each way."""
 
@@ -89,9 +93,9 @@ class RemoteEngine:
     def run(self, batch: np.ndarray) -> ModelOutput:
         n = len(batch)
         with self._lock:
-            self._tensors.region(self._index, n)[...] = batch
+            self._tensors.region(self._index, n, batch.shape[1:])[...] = batch
             try:
-                self._sock.sendall(_BATCH.pack(n))
+                self._sock.sendall(_BATCH.pack(*batch.shape))
                 head_size, size = _ANSWER.unpack(_receive(self._sock, _ANSWER.size))
                 head = _receive(self._sock, head_size)
                 if head[:1] == b"a":  # one array: its dtype and shape, then its bytes
@@ -114,11 +118,11 @@ def serve(tensors: SharedTensors, index: int, sock: socket.socket, run: Callable
     """The inference process's side of one prepare process: run each batch it sends, until it goes away."""
     while True:
         try:
-            (n,) = _BATCH.unpack(_receive(sock, _BATCH.size))
+            n, *shape = _BATCH.unpack(_receive(sock, _BATCH.size))
         except (EOFError, OSError):
             return
         try:
-            out: ModelOutput | str = run(tensors.region(index, n))
+            out: ModelOutput | str = run(tensors.region(index, n, tuple(shape)))
         except Exception as e:  # the batch's images fail with this reason; the session serves the next one
             out = f"{type(e).__name__}: {e}"
         if isinstance(out, np.ndarray):  # the common case, not pickled

@@ -40,8 +40,8 @@ class Detector(DetectorChecks):
             elif p.layout == "end2end":
                 rows = _end2end_rows(rows, extra)
             rows, tail = rows[:, :-extra], rows[:, -extra:]
-        xyxy, class_ids, scores = decode_rows(rows, p.layout, len(self.card.labels), self.size, p.box_format,
-                                              p.box_units)
+        xyxy, class_ids, scores = decode_rows(rows, p.layout, len(self.card.labels), self._input_hw(geometry),
+                                              p.box_format, p.box_units)
         sel = scores >= p.threshold
         if p.obb:
             return self._oriented(rows[sel, :4], tail[sel, 0], class_ids[sel], scores[sel], geometry)
@@ -55,7 +55,7 @@ class Detector(DetectorChecks):
         xyxy = geometry.to_original(xyxy.reshape(-1, 2, 2), clip=True).reshape(-1, 4)  # both corners
         instances = keypoints = None
         if protos is not None:
-            instances = instance_masks(tail[sel][keep], protos, xyxy, geometry, self.size)
+            instances = instance_masks(tail[sel][keep], protos, xyxy, geometry, self._input_hw(geometry))
         elif kd:
             keypoints = self._keypoints(tail[sel][keep], geometry)
         return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=scores,
@@ -104,13 +104,17 @@ class Detector(DetectorChecks):
         picked = scores[queries, class_ids]
         order = np.argsort(-picked, kind="stable")[:min(p.max_detections, len(rows))]  # RF-DETR takes Q at most
         queries, class_ids, picked = queries[order], class_ids[order].astype(np.int64), picked[order]
-        xyxy = _input_pixels(rows[queries, :4], "cxcywh", "fractions", self.size)
+        xyxy = _input_pixels(rows[queries, :4], "cxcywh", "fractions", self._input_hw(geometry))
         xyxy = geometry.to_original(xyxy.reshape(-1, 2, 2), clip=True).reshape(-1, 4)
         h, w = geometry.orig_hw
-        instances = query_masks(masks[queries], geometry, self.size) if masks is not None else None
+        instances = query_masks(masks[queries], geometry, self._input_hw(geometry)) if masks is not None else None
         return Detections(xyxy=xyxy.astype(np.float32), class_ids=class_ids, scores=picked,
                           names=tuple(self.card.label(int(c)) for c in class_ids), image_size=(w, h),
                           instances=instances)
+
+    def _input_hw(self, geometry: Geometry) -> tuple[int, int]:
+        """The size of the network input the image filled: the card's, or less under a rect letterbox."""
+        return geometry.input_hw or self.size
 
     def _keypoints(self, values: np.ndarray, geometry: Geometry) -> np.ndarray:
         """(N, K x D) keypoint values of the kept boxes, in input pixels (or fractions of the input, as an
@@ -119,7 +123,8 @@ class Detector(DetectorChecks):
         k, d = self.card.postprocess.keypoints
         points = values.reshape(len(values), k, d).astype(np.float32)  # a copy: the output stays as it was
         if self.card.postprocess.box_units == "fractions":
-            points[:, :, 0] *= self.size[1]
-            points[:, :, 1] *= self.size[0]
+            ih, iw = self._input_hw(geometry)
+            points[:, :, 0] *= iw
+            points[:, :, 1] *= ih
         points[:, :, :2] = geometry.to_original(points[:, :, :2], clip=True)
         return points
