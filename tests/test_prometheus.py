@@ -13,6 +13,7 @@ import urllib.request
 from contextlib import closing
 from pathlib import Path
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import wait_for
@@ -42,8 +43,12 @@ def _finished(db: Path) -> dict[str, int]:
         return dict(c.execute("SELECT status, count(*) FROM images WHERE status IN ('done', 'failed') GROUP BY 1"))
 
 
-def test_a_watcher_s_metrics_match_its_database(tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
+@pytest.mark.parametrize("processes", [1, 3])
+def test_a_watcher_s_metrics_match_its_database(tmp_path: Path, samples: Path, effnet_onnx: Path,
+                                                processes: int) -> None:
+    """In one process, and with prepare processes (which send their images' timings to the one serving)."""
     conf = config_file(tmp_path)
+    conf.write_text(conf.read_text() + f"pipeline: {{processes: {processes}}}\n")
     port = _free_port()
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "watch", "--model",
                              "efficientnet-lite0", "--metrics-port", str(port)], cwd=tmp_path,
@@ -79,13 +84,14 @@ def test_a_watcher_s_metrics_match_its_database(tmp_path: Path, samples: Path, e
         (info,) = m["worker_info"]
         assert info.labels["model"] == "efficientnet-lite0" and info.labels["providers"] == "CPUExecutionProvider"
         assert len(info.labels["model_sha256"]) == 64
-        # a second worker asking for the same port is refused in one line, exit 2
-        second = subprocess.run([sys.executable, "-m", "worker", "--config", str(conf), "run", str(samples),
-                                 "--model", "efficientnet-lite0", "--metrics-port", str(port), "--no-progress",
-                                 "--outbox", str(tmp_path / "out2"), "--db", f"sqlite:///{tmp_path / 'other.db'}"],
-                                cwd=tmp_path, capture_output=True, text=True, timeout=300)
-        assert second.returncode == 2 and f"metrics.port {port} on 127.0.0.1: cannot listen there (in use" in \
-            second.stderr, second.stderr[-2000:]
+        if processes == 1:
+            # a second worker asking for the same port is refused in one line, exit 2
+            second = subprocess.run([sys.executable, "-m", "worker", "--config", str(conf), "run", str(samples),
+                                     "--model", "efficientnet-lite0", "--metrics-port", str(port), "--no-progress",
+                                     "--outbox", str(tmp_path / "out2"), "--db", f"sqlite:///{tmp_path / 'other.db'}"],
+                                    cwd=tmp_path, capture_output=True, text=True, timeout=300)
+            assert second.returncode == 2 and f"metrics.port {port} on 127.0.0.1: cannot listen there (in use" in \
+                second.stderr, second.stderr[-2000:]
     finally:
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=60)

@@ -210,7 +210,8 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
                     log.warning("removed %d temporary files left by an earlier crash under %s", n, folder)
             if processes > 1:
                 with ProcessPipeline(cfg=cfg, card=card, engine=engine, recorder=recorder, info=info, db=db,
-                                     settings=settings, processes=processes - 1, on_finished=on_finished) as shards, \
+                                     settings=settings, processes=processes - 1, on_finished=on_finished,
+                                     metrics=metrics) as shards, \
                         serving(metrics, cfg.metrics.host, cfg.metrics.port, shards, _written(cfg, inputs)):
                     yield shards
             else:

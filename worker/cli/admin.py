@@ -188,7 +188,9 @@ def models_check(ctx: click.Context, name: str, image: Path | None, expect_input
             use = _model_io_use(m.engine, port.name, m.card.postprocess)
             shape = concrete.get(port.name)
             symbolic = any(not isinstance(d, int) for d in port.shape[1:])  # more than the batch is left open
-            seen = f" (one image at the card's size: {list(shape)})" if shape is not None and symbolic else ""
+            rect = (f"; rect: each image's own, sides padded to a multiple of {m.card.preprocess.stride}"
+                    if m.card.preprocess.rect and kind == "input" else "")
+            seen = f" (one image at the card's size: {list(shape)}{rect})" if shape is not None and symbolic else ""
             click.echo(f"  {kind:6s} {port.name} {port.type} {_declared(port.shape)}{seen}{use}")
     click.echo("  a synthetic 1920x1080 JPEG went through decoding, preprocessing, inference and postprocessing")
     ok = True

@@ -9,12 +9,13 @@ registry of the worker's own, served over HTTP by prometheus-client:
 
 Counters and gauges are read from the pipeline when scraped (memory from its sampler's latest sample, the one
 `metrics.memory_sample_s` writes to the database: RSS over every process of the worker, GPU memory through
-NVML); the stage histograms are observed as each image
-finishes (in the process that finishes it: with prepare processes, `pipeline.processes` > 1, they stay empty)."""
+NVML); the stage histograms are observed as each image finishes (with prepare processes, `pipeline.processes`
+> 1, each sends its images' timings with its notices of finished images: `TimingsRelay`)."""
 
 from __future__ import annotations
 
 import errno
+from collections import deque
 import logging
 import shutil
 import threading
@@ -38,6 +39,26 @@ if TYPE_CHECKING:
 STAGES = ("queue_wait", "decode", "preprocess", "infer", "postprocess", "write", "total")
 # seconds: from a small model's few milliseconds on a GPU to a big TIFF's seconds on a CPU
 BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class StageObserver(Protocol):
+    """What the finish stage hands each finished image's timings to (ms, the recorder's `timings` row)."""
+
+    def observe(self, timings: dict[str, float] | None) -> None: ...
+
+
+class TimingsRelay:
+    """A prepare process's StageObserver: keeps the timings until its next notice takes them to the process
+    that serves the metrics (`take`)."""
+
+    def __init__(self) -> None:
+        self._waiting: deque[dict[str, float] | None] = deque()
+
+    def observe(self, timings: dict[str, float] | None) -> None:
+        self._waiting.append(timings)
+
+    def take(self) -> list[dict[str, float] | None]:
+        return [self._waiting.popleft() for _ in range(len(self._waiting))]
 
 
 class Metrics:

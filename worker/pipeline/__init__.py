@@ -32,7 +32,7 @@ from worker.runtime.gpu import GpuMemory
 from worker.images import decode
 from worker.intake.jobs import Job, JobStatus
 from worker.host.memory import MemorySampler
-from worker.measure.prometheus import Metrics
+from worker.measure.prometheus import StageObserver
 from worker.models.card import ModelCard, accepted_digests
 from worker.host.names import as_text, on_disk
 from worker.outputs.outbox import Outbox
@@ -86,7 +86,7 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
                  outbox: Outbox, db: DbEngine, settings: Settings,
                  on_finished: Callable[[Job, JobStatus], None] | None = None,
                  leases: Leases | None = None, shared: SharedConnection | None = None,
-                 metrics: Metrics | None = None) -> None:
+                 metrics: StageObserver | None = None) -> None:
         """Fleet mode: `leases` fences each claimed file's outputs; `shared`, the connection its skip checks use.
         `metrics`: Prometheus's stage histograms, observed as each image finishes."""
         self.card, self.engine, self.adapter = card, engine, adapter

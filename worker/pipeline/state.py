@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from worker.fleet.leases import Leases
-    from worker.measure.prometheus import Metrics
+    from worker.measure.prometheus import StageObserver
     from worker.pipeline.archive import InputArchive
     from worker.runtime.engine import Engine
     from worker.intake.jobs import Job, JobStatus
@@ -33,7 +33,7 @@ class StageState:
     on_finished: Callable[[Job, JobStatus], None] | None
     counts: Counts
     leases: Leases | None  # fleet mode: this worker's claims, asked before a claimed file's outputs are written
-    metrics: Metrics | None  # Prometheus's stage histograms (metrics.port)
+    metrics: StageObserver | None  # Prometheus's stage histograms (metrics.port)
     _jobs: queue.Queue[Any]  # submit -> prepare
     _prepared: queue.Queue[Any]  # prepare -> infer
     _inferred: queue.Queue[Any]  # infer (and failures of prepare) -> finish

@@ -13,7 +13,7 @@ from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, extract, f
 
 from worker.errors import CheckInputError
 from worker.store.queries import run_stats
-from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
+from worker.store.schema import ImageRow, MemorySample, ResultRow, Run, TimingRow
 
 BUCKETS = 120  # points of a time series at most
 NICE_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
@@ -121,9 +121,7 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
             select(ImageRow.error, func.count(), func.min(ImageRow.rel_path))
             .where(mine, ImageRow.status == "failed").group_by(ImageRow.error)
             .order_by(func.count().desc()).limit(20))]
-        data.labels = [(name, int(n) * data.stride) for name, n in c.execute(
-            select(LabelRow.name, func.count()).join(ImageRow, ImageRow.id == LabelRow.image_id)
-            .where(sampled, ImageRow.status == "done").group_by(LabelRow.name).order_by(func.count().desc()).limit(20))]
+        data.labels = _labels(stats)
         score_bin = cast(ResultRow.score * SCORE_BINS, Integer)
         scores = dict(c.execute(select(score_bin, func.count()).join(ImageRow, ImageRow.id == ResultRow.image_id)
                                 .where(sampled, ImageRow.status == "done").group_by(score_bin)).all())
@@ -131,6 +129,16 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
                                                                else 0)) for i in range(SCORE_BINS)]
         data.gallery = _gallery(c, ids, runs, outbox, gallery)
     return data
+
+
+def _labels(stats: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """The images naming each label, most first (twenty), over the runs: `worker stats`' own counts (a
+    classifier's top label, a detector's or segmenter's classes found)."""
+    images: dict[str, int] = {}
+    for run in stats:
+        for label in run.get("results", {}).get("labels", []):
+            images[label["name"]] = images.get(label["name"], 0) + int(label["images"])
+    return sorted(images.items(), key=lambda kv: (-kv[1], kv[0]))[:20]
 
 
 def _memory(c: Any, data: ReportData, ids: list[int], bucket: int, warmup_s: float) -> None:

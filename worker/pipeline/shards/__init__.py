@@ -35,6 +35,7 @@ from worker.config import Config
 from worker.errors import WorkerError
 from worker.host.memory import MemorySampler
 from worker.intake.jobs import Job, JobStatus
+from worker.measure.prometheus import StageObserver
 from worker.models.card import ModelCard, accepted_digests
 from worker.pipeline import recover_in_flight
 from worker.pipeline.archive import InputArchive
@@ -93,8 +94,11 @@ class ProcessPipeline:
 
     def __init__(self, *, cfg: Config, card: ModelCard, engine: Engine, recorder: Recorder, info: RunInfo,
                  db: DbEngine, settings: Settings, processes: int,
-                 on_finished: Callable[[Job, JobStatus], None] | None = None) -> None:
+                 on_finished: Callable[[Job, JobStatus], None] | None = None,
+                 metrics: StageObserver | None = None) -> None:
+        """`metrics`: Prometheus's stage histograms, observed with the timings each prepare process sends."""
         self.card, self.engine, self.recorder, self.settings = card, engine, recorder, settings
+        self.metrics = metrics
         self.on_finished = on_finished
         self.counts = Counts()
         self._cfg, self._info = cfg, info
@@ -144,7 +148,7 @@ class ProcessPipeline:
                                        remember_kept=self.settings.inputs == "keep")
         shard.control.send(ShardSpec(index, self._tensors.count, self._shape, self._cfg, self.card, settings,
                                      self._info, self.recorder.run_id, tuple(self.engine.providers),
-                                     logging.getLogger().getEffectiveLevel()))
+                                     logging.getLogger().getEffectiveLevel(), self.metrics is not None))
         threading.Thread(target=serve, args=(self._tensors, index, shard.infer, self.engine.run),
                          name=f"infer-{index}", daemon=True).start()
         threading.Thread(target=self._listen, args=(shard,), name=f"notices-{index}", daemon=True).start()
@@ -163,6 +167,9 @@ class ProcessPipeline:
                 break
             if message[0] == "finished":
                 self._finished(shard, message[1], message[2])
+                if self.metrics is not None:
+                    for timings in message[3]:
+                        self.metrics.observe(timings)
             elif message[0] == "ready":
                 shard.started = True
                 shard.ready.set()

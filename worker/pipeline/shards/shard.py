@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 
 from worker.config import Config
 from worker.intake.jobs import Job, JobStatus
+from worker.measure.prometheus import TimingsRelay
 from worker.models.card import ModelCard
 from worker.outputs.outbox import Outbox
 from worker.pipeline import Pipeline
@@ -53,6 +54,7 @@ class ShardSpec:
     run_id: int
     providers: tuple[str, ...]
     log_level: int
+    relay_timings: bool = False  # Prometheus's histograms are wanted: send each image's timings with the notices
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,12 @@ class Snapshot:
 
 
 class Notices:
-    """Gathers (sequence number, status) of finished jobs and sends them every NOTICE_S with the counts."""
+    """Gathers (sequence number, status) of finished jobs and sends them every NOTICE_S with the counts (and,
+    for Prometheus, the images' stage timings)."""
 
-    def __init__(self, conn: Connection, lock: threading.Lock, pipeline: Pipeline) -> None:
-        self._conn, self._lock, self._pipeline = conn, lock, pipeline
+    def __init__(self, conn: Connection, lock: threading.Lock, pipeline: Pipeline,
+                 timings: TimingsRelay | None) -> None:
+        self._conn, self._lock, self._pipeline, self._timings = conn, lock, pipeline, timings
         self._finished: deque[tuple[int, str]] = deque()  # appended by the finish thread, taken by this one
         self._last: Snapshot | None = None
         self._stop = threading.Event()
@@ -93,11 +97,12 @@ class Notices:
 
     def flush(self) -> None:
         finished = [self._finished.popleft() for _ in range(len(self._finished))]
+        timings = self._timings.take() if self._timings is not None else []
         p = self._pipeline
         snap = Snapshot.of(p.counts, p.outbox_full, p.recorder.down)
-        if finished or snap != self._last:
+        if finished or timings or snap != self._last:
             with self._lock:
-                self._conn.send(("finished", finished, snap))
+                self._conn.send(("finished", finished, snap, timings))
             self._last = snap
 
     def stop(self) -> None:
@@ -127,6 +132,7 @@ def run(control: Connection, infer: socket.socket, tensors_fd: int) -> None:
             notices.add(seq, status)
 
     cfg = spec.cfg
+    timings = TimingsRelay() if spec.relay_timings else None
     with database(cfg.db) as db:
         recorder = Recorder(db, spec.info, run_id=spec.run_id)
         try:
@@ -134,8 +140,8 @@ def run(control: Connection, infer: socket.socket, tensors_fd: int) -> None:
             outbox = Outbox(cfg.outbox, o.json, o.masks, o.yolo_txt, o.overlays, o.errors, pages=spec.settings.all_pages)
             with Pipeline(card=spec.card, engine=engine, adapter=adapter_for(spec.card),  # type: ignore[arg-type]
                           recorder=recorder, outbox=outbox, db=db, settings=spec.settings,
-                          on_finished=finished) as pipeline:
-                notices = Notices(control, lock, pipeline)
+                          on_finished=finished, metrics=timings) as pipeline:
+                notices = Notices(control, lock, pipeline, timings)
                 with lock:
                     control.send(("ready",))
                 _take_orders(control, lock, pipeline, recorder, seqs)
