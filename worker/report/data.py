@@ -99,7 +99,9 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
         bucket = _bucket(max((end - start).total_seconds(), 1.0))
         data = ReportData(runs, stats, {}, bucket)
         mine = ImageRow.run_id.in_(ids)
-        data.counts = dict(c.execute(select(ImageRow.status, func.count()).where(mine).group_by(ImageRow.status)).all())
+        for run in stats:  # `worker stats`' own counts, summed over the runs
+            for status, n in run["counts"].items():
+                data.counts[status] = data.counts.get(status, 0) + int(n)
         data.stride = max(1, sum(data.counts.values()) // SAMPLED)
         sampled = mine if data.stride == 1 else and_(mine, ImageRow.id % data.stride == 0)
         epoch = cast(extract("epoch", ImageRow.updated_at), BigInteger) // bucket
