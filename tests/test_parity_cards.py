@@ -109,14 +109,21 @@ def test_a_16_bit_card_passes_with_all_its_levels_and_names_an_8_bit_read(tmp_pa
     assert code == 1 and "mean/std not applied" in _most_likely(said), said
 
 
-def test_a_channels_last_card_takes_your_nhwc_tensor_as_it_is(tmp_path: Path, models: Path) -> None:
-    folder = card_file(models, "tf", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
-                                     "preprocess: {color: rgb, resize: stretch, mean: [0, 0, 0], std: [255, 255, 255]}\n"
-                                     "postprocess: {output: logits}")
-    channels_last_model(folder / "tf.onnx", TensorProto.FLOAT)
+def _channels_last(tmp_path: Path, models: Path, name: str, elem: int, std: float) -> tuple[Path, np.ndarray]:
+    """A TensorFlow-style export (NHWC in, `elem` typed) under card `name` (stretch, RGB, /std), a photo, and
+    the photo as a plain OpenCV pipeline feeds such a model: (1, 32, 48, 3) uint8 RGB, before any scaling."""
+    folder = card_file(models, name, "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
+                                     f"preprocess: {{color: rgb, resize: stretch, mean: [0, 0, 0], std: [{std}, {std}, "
+                                     f"{std}]}}\npostprocess: {{output: logits}}")
+    channels_last_model(folder / f"{name}.onnx", elem)
     image = tmp_path / "photo.png"
     _photo(image)
-    rgb = cv2.cvtColor(cv2.resize(cv2.imread(str(image)), SIZE_WH), cv2.COLOR_BGR2RGB).astype(np.float32) / 255
+    return image, cv2.cvtColor(cv2.resize(cv2.imread(str(image)), SIZE_WH), cv2.COLOR_BGR2RGB)[None]
+
+
+def test_a_channels_last_card_takes_your_nhwc_tensor_as_it_is(tmp_path: Path, models: Path) -> None:
+    image, pixels = _channels_last(tmp_path, models, "tf", TensorProto.FLOAT, 255)
+    rgb = pixels[0].astype(np.float32) / 255
     code, said = _check(tmp_path, models, "tf", image, "--expect-input", _save(tmp_path, rgb[None]))
     assert code == 0 and "input: PASS" in said, said
     assert "the card says" not in said  # NHWC is what this card's model takes: nothing to say about it
@@ -126,14 +133,8 @@ def test_a_channels_last_card_takes_your_nhwc_tensor_as_it_is(tmp_path: Path, mo
 
 
 def test_raw_uint8_pixels_in_and_the_model_s_outputs_compared(tmp_path: Path, models: Path) -> None:
-    folder = card_file(models, "raw", "task: segment\ninput: {name: input, size: [32, 48], layout: nhwc}\n"
-                                      "preprocess: {color: rgb, resize: stretch, mean: [0, 0, 0], std: [1, 1, 1]}\n"
-                                      "postprocess: {output: logits}")
-    channels_last_model(folder / "raw.onnx", TensorProto.UINT8)
-    image = tmp_path / "photo.png"
-    _photo(image)
-    rgb = cv2.cvtColor(cv2.resize(cv2.imread(str(image)), SIZE_WH), cv2.COLOR_BGR2RGB)[None]  # uint8, as fed
-    logits = ort.InferenceSession(str(folder / "raw.onnx")).run(None, {"input": rgb})[0]
+    image, rgb = _channels_last(tmp_path, models, "raw", TensorProto.UINT8, 1)  # uint8, as the model is fed
+    logits = ort.InferenceSession(str(models / "raw" / "raw.onnx")).run(None, {"input": rgb})[0]
     code, said = _check(tmp_path, models, "raw", image, "--expect-input", _save(tmp_path, rgb),
                         "--expect-output", _save(tmp_path, logits, "logits.npy"))
     assert code == 0 and "input: PASS" in said and "output logits (1, 3, 32, 48): PASS" in said, said
