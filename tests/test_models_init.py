@@ -79,7 +79,8 @@ def test_an_export_without_metadata_needs_its_task(tmp_path: Path, effnet_onnx: 
 
 def test_models_check_shows_the_concrete_shape_of_a_dynamic_export(tmp_path: Path) -> None:
     """A dynamic export declares its height and width as symbols (Ultralytics' as long expressions): `models
-    check` shortens those and says the shape one image at the card's size gets."""
+    check` shortens those and says the shape one image at the card's size gets; the card `init` writes for it
+    letterboxes each image to its own size, as Ultralytics' predict() does for such an export (rect)."""
     (tmp_path / "models").mkdir()
     best = _export(tmp_path / "best.onnx", ULTRALYTICS)
     model = onnx.load(str(best))
@@ -89,4 +90,4 @@ def test_models_check_shows_the_concrete_shape_of_a_dynamic_export(tmp_path: Pat
     assert _init(tmp_path, "init", "dyn", "--onnx", str(best))[0] == 0
     code, said = _init(tmp_path, "check", "dyn")
     assert code == 0 and "input  input tensor(float) [N, 3, height, ?] (one image at the card's size: " \
-        "[1, 3, 32, 48])" in said, said
+        "[1, 3, 32, 48]; rect: each image's own, sides padded to a multiple of 32)" in said, said

@@ -16,7 +16,8 @@ import pytest
 from worker.errors import WorkerError
 import worker.outputs.files as files_mod
 from worker.outputs.outbox import Outbox, output_rel
-from worker.outputs.files import NAME_MAX, TMP_PREFIX, fit_name, inside, move_verified, remove_temporaries, write_atomic
+from worker.outputs.files import (NAME_MAX, TMP_PREFIX, fit_name, inside, move_verified, remove_temporaries,
+                                  remove_temporaries_of, write_atomic)
 from worker.tasks.results import Classification, Mask
 
 
@@ -181,6 +182,17 @@ def _temporaries(folder: Path, writers: dict[str, int]) -> set[str]:
         (folder / f"{TMP_PREFIX}{tag}.json.{pid}.{pid + 1}").write_bytes(b"half")
     (folder / f"{TMP_PREFIX}odd").write_bytes(b"half")
     return {p.name for p in folder.iterdir()}
+
+
+def test_a_dead_prepare_process_s_temporaries_are_removed_where_its_images_were_written(tmp_path: Path) -> None:
+    """`remove_temporaries_of`: the temporaries of one gone pid in the folders named, not below them; others stay."""
+    writers = {"dead": 4_000_001, "other": 4_000_002}
+    here = _temporaries(tmp_path / "out", writers)
+    below = _temporaries(tmp_path / "out" / "d1", writers)
+    (tmp_path / "out" / "a.json").write_bytes(b"{}")
+    assert remove_temporaries_of(4_000_001, [tmp_path / "out", tmp_path / "out", tmp_path / "never-made"]) == 1
+    assert here - {p.name for p in (tmp_path / "out").iterdir()} == {f"{TMP_PREFIX}dead.json.4000001.4000002"}
+    assert (tmp_path / "out" / "a.json").exists() and {p.name for p in (tmp_path / "out" / "d1").iterdir()} == below
 
 
 def test_only_a_crashs_temporaries_are_removed_never_a_live_workers(tmp_path: Path, on_a_share: Path,

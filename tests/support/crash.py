@@ -110,5 +110,6 @@ def check_outcome(tmp: Path, rels: list[str]) -> None:
             assert doc.exists() and doc.read_text().rstrip().endswith("}"), rel
     outs = sorted(p.relative_to(tmp / "outbox").as_posix() for p in (tmp / "outbox").rglob("*") if p.is_file())
     expected = sorted(f"{rel}.error.json" if rel.startswith("bad_") else f"{rel}.json" for rel in rels)
-    assert outs == expected, "exactly one complete outcome per input: results when done, the reason when failed"
+    assert outs == expected, ("exactly one complete outcome per input: results when done, the reason when failed; "
+                              f"extra {sorted(set(outs) - set(expected))}, missing {sorted(set(expected) - set(outs))}")
     assert not [p for p in tmp.rglob(".tmp-*")], "no temporary files remain"

@@ -15,7 +15,7 @@ import stat
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 
@@ -166,6 +166,24 @@ def remove_temporaries(root: Path) -> int:
         if stale or (not shared and owner is not None and is_gone(int(owner[1]))):
             p.unlink(missing_ok=True)
             n += 1
+    return n
+
+
+def remove_temporaries_of(pid: int, folders: Iterable[Path]) -> int:
+    """Delete the temporary files that process `pid`, gone, left in `folders` (each folder itself, not below
+    it): where a prepare process that died was writing, told by the images it held."""
+    n = 0
+    for folder in set(folders):
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:  # never made, or gone: nothing of it there
+            continue
+        for entry in entries:
+            owner = _OWNER.search(entry.name) if entry.name.startswith(TMP_PREFIX) else None
+            if owner is not None and int(owner[1]) == pid:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(entry.path)
+                    n += 1
     return n
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import posixpath
 import queue
 import socket
 import subprocess
@@ -27,7 +28,7 @@ import threading
 import zlib
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from sqlalchemy import Engine as DbEngine
 
@@ -37,6 +38,7 @@ from worker.host.memory import MemorySampler
 from worker.intake.jobs import Job, JobStatus
 from worker.measure.prometheus import StageObserver
 from worker.models.card import ModelCard, accepted_digests
+from worker.outputs.files import remove_temporaries_of
 from worker.pipeline import recover_in_flight
 from worker.pipeline.archive import InputArchive
 from worker.pipeline.items import Counts, Settings
@@ -219,6 +221,8 @@ class ProcessPipeline:
             log.critical("prepare processes keep dying with no image finished: stopping")
             os._exit(70)
         self._retired.append(dead.snapshot)  # its counts so far stay counted
+        if n := remove_temporaries_of(dead.proc.pid, self._written_folders(dead.in_flight.values())):
+            log.warning("removed %d temporary files prepare process %d left", n, dead.index)
         shard = self._start(dead.index)
         owed = sorted(dead.in_flight.items())
         shard.in_flight.update(owed)  # its own from now on: should it die too, its successor gets them all
@@ -230,6 +234,13 @@ class ProcessPipeline:
                 self._idle.wait_for(lambda: seq not in shard.in_flight or shard.gone)
             if shard.gone:
                 return
+
+    def _written_folders(self, jobs: Iterable[Job]) -> list[Path]:
+        """The folders where outputs (and moved inputs) of these jobs are written."""
+        roots = [self._cfg.outbox]
+        if self.settings.archive is not None:
+            roots += [self.settings.archive / "done", self.settings.archive / "failed"]
+        return [root / posixpath.dirname(job.rel) for job in jobs for root in roots]
 
     def _send(self, shard: Shard, seq: int, job: Job) -> None:
         shard.in_flight[seq] = job
