@@ -68,7 +68,12 @@ def test_a_watcher_s_metrics_match_its_database(tmp_path: Path, samples: Path, e
             shutil.copy(samples / name, tmp_path / "inbox" / name)
         (tmp_path / "inbox" / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a jpeg")
         assert wait_for(lambda: sum(_finished(tmp_path / "worker.db").values()) == 5, 60)
-        assert wait_for(lambda: _value(_scrape(port)["worker_images"], "worker_images_total", outcome="failed") == 1, 10)
+
+        def settled() -> bool:  # the serving process learns of an image once its outcome is committed (a notice)
+            m = _scrape(port)
+            told = sum(_value(m["worker_images"], "worker_images_total", outcome=o) for o in ("done", "failed"))
+            return told == 5 and _value(m["worker_queue_depth"], "worker_queue_depth") == 0
+        assert wait_for(settled, 10)
         m = _scrape(port)
         recorded = _finished(tmp_path / "worker.db")
         for outcome in ("done", "failed"):
