@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ import onnxruntime as ort
 
 from worker.config import EngineConfig
 from worker.errors import ModelError, ProviderError
+from worker.host.cores import usable_cores
 from worker.runtime.gpu import conflicting_builds, cuda_libraries_missing, cuda_missing, installed_onnxruntime_builds
 from worker.runtime.model_output import ModelOutput, Paired
 from worker.models.card import ModelCard
@@ -42,7 +42,7 @@ def default_threads(cores: int | None = None, on_gpu: bool = False) -> tuple[int
     inference threads (one gathers and uploads a batch while the other's runs), and the cores, but
     one for the finish and database threads, decode (up to 8).
     """
-    n = cores or os.cpu_count() or 1
+    n = cores or usable_cores()
     if on_gpu:
         return max(1, min(n - 1, 8)), 2
     return max(1, min(n, 4)), max(1, n)

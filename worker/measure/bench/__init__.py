@@ -23,7 +23,6 @@ stands for that round); ratios are taken within a round and the median round is 
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -31,13 +30,14 @@ from typing import Callable
 import onnxruntime as ort
 
 from worker.config import Config
+from worker.host.cores import usable_cores
 from worker.measure.bench.results import CorpusResult, verdicts
 from worker.measure.bench.model import bench_model
 
 
 def run_bench(cfg: Config, models: tuple[str, ...], widths: tuple[int, ...], count: int,
               say: Callable[[str], None], rounds: int = 3) -> list[CorpusResult]:
-    say(f"worker bench: {os.cpu_count()} cores, onnxruntime {ort.__version__}, {count} images per corpus, "
+    say(f"worker bench: {usable_cores()} cores, onnxruntime {ort.__version__}, {count} images per corpus, "
         f"{rounds} rounds of A, B, B' and C side by side, median round reported")
     results: list[CorpusResult] = []
     with tempfile.TemporaryDirectory(prefix="worker-bench-") as tmp:

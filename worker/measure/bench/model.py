@@ -4,7 +4,6 @@ side by side with the machine's limit, and D (the watcher fed at a steady rate);
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -12,6 +11,7 @@ from typing import Any, Callable
 import numpy as np
 
 from worker.config import Config
+from worker.host.cores import usable_cores
 from worker.images import decode, widen
 from worker.measure.bench.corpus import SLOW_CREATE_US, _create_cost, copies_of_first, make_corpus
 from worker.measure.bench.loops import (_best_rate, _default_session, _mean_rates, _naive_loop, _per_item, _worker_run,
@@ -55,7 +55,7 @@ def bench_model(cfg: Config, model: str, widths: tuple[int, ...], count: int, wo
                 say: Callable[[str], None], rounds: int = 3) -> list[CorpusResult]:
     card = with_labels(find_card(cfg.models_dir, model), cfg.cache_dir)
     onnx = pull(card, cfg.cache_dir)
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     # A and B on the device C runs on: CUDA when it is really active (onnxruntime-gpu falls back to CPU
     # without a GPU, saying so once, here). Every session is fed and read as `worker run` feeds and reads
     # the model (its layout, element type, fixed batch, sizes input and outputs: Engine.feeds / outputs)

@@ -34,6 +34,7 @@ from sqlalchemy import Engine as DbEngine
 
 from worker.config import Config
 from worker.errors import WorkerError
+from worker.host.cores import usable_cores
 from worker.host.memory import MemorySampler
 from worker.intake.jobs import Job, JobStatus
 from worker.measure.prometheus import StageObserver
@@ -64,7 +65,7 @@ MAX_DEATHS = 5  # prepare processes dying this often in a row beyond max_attempt
 
 def default_processes(cores: int | None = None) -> int:
     """1 (threads only) on a small machine; else one prepare process per two cores, beside the session's."""
-    n = cores or os.cpu_count() or 1
+    n = cores or usable_cores()
     return 1 if n < PROCESSES_FROM_CORES else 1 + n // 2
 
 
