@@ -1,7 +1,7 @@
 """What the pipeline around the model costs, with a stand-in model that costs nothing (not a test).
 
     python tests/perf/feed.py [--images 2000] [--width 640] [--processes N] [--gil SECONDS] [--pin] [--repeat 1]
-                              [--json OUT]
+                              [--cores 1,2,4,8,16] [--json OUT]
                               [-- worker run options]
 
 Builds a classify card whose ONNX is GlobalAveragePool + Flatten + MatMul to 1,000 logits (224x224,
@@ -11,7 +11,9 @@ every process of the run together, and of its main process alone (the one holdin
 upper bound of the time it holds the GIL, as far as it runs no native code), each with the wall time
 and CPU of a run over an empty folder (start-up) taken off. `--gil SECONDS` attaches `py-spy record --gil` (py-spy installed) to
 the main process for that long once 200 images are done, and prints the time it held the GIL per
-image done in that window. Extra arguments after `--` go to `worker run`.
+image done in that window. `--cores 1,2,4,8,16` runs it on that many CPUs each (their affinity, as `taskset`
+does; the worker sizes its defaults by them) and prints each run's share of the ceiling `cores / CPU per
+image` (1.0: no core ever idle). Extra arguments after `--` go to `worker run`.
 The outputs stay in a temporary folder that is not deleted (see tests/perf/create_after_delete.py).
 """
 
@@ -35,14 +37,18 @@ from worker.measure.samples import fetch_samples
 
 RATE = 250  # py-spy samples per second
 
-def run(root: Path, inbox: Path, tag: str, extra: list[str], gil_s: int = 0, pin: bool = False) -> dict[str, float]:
+def run(root: Path, inbox: Path, tag: str, extra: list[str], gil_s: int = 0, pin: bool = False,
+        cores: set[int] | None = None) -> dict[str, float]:
+    """One `worker run` (with `cores`: on those CPUs only, as `taskset` starts it; the worker sizes its
+    defaults by them)."""
     outbox = root / f"out-{tag}"
     cmd = [sys.executable, "-m", "worker", "--config", str(root / "config.yaml"), "run", str(inbox),
            "--outbox", str(outbox), "--db", f"sqlite:///{root}/{tag}.db", "--inputs", "keep", *extra]
     t0 = time.perf_counter()
     ru0 = os.times()
     err = open(root / f"{tag}.log", "w+")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    pinned = (lambda: os.sched_setaffinity(0, cores)) if cores else None
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=pinned)
     gil: dict[str, float] = {}
     # until it ends, not reaped yet: its /proc entry then holds its whole CPU time
     while os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG) is None:
@@ -112,6 +118,9 @@ def main() -> None:
                     help="attach py-spy --gil to the main process for this long once 200 images are done")
     ap.add_argument("--pin", action="store_true",
                     help="main process on CPU 0, prepare processes on the other CPUs (with --processes > 1)")
+    ap.add_argument("--cores", default="",
+                    help="comma-separated core counts (1,2,4,8,16): one run on each many CPUs, with the defaults "
+                         "those cores give, and its share of the ceiling cores / CPU per image")
     ap.add_argument("--json")
     ap.add_argument("--processes", type=int, default=0, help="pipeline.processes (0: chosen from the cores)")
     args, extra = ap.parse_known_args()
@@ -125,19 +134,26 @@ def main() -> None:
     empty.mkdir()
     make_corpus(fetch_samples(default_cache_dir()), args.width, args.images, inbox)
     rows = []
+    available = sorted(os.sched_getaffinity(0))
+    counts = [int(n) for n in args.cores.split(",") if n and int(n) <= len(available)] if args.cores else [0]
     for i in range(args.repeat):
-        base = run(root, empty, f"empty{i}", extra)
-        full = run(root, inbox, f"full{i}", extra, args.gil, args.pin)
-        row = {"images": args.images, "width": args.width, "processes": args.processes, "pinned": args.pin,
-               "images_per_s": args.images / (full["wall_s"] - base["wall_s"]),
-               "cpu_ms_per_image": (full["cpu_s"] - base["cpu_s"]) / args.images * 1000,
-               "main_cpu_ms_per_image": (full["main_cpu_s"] - base["main_cpu_s"]) / args.images * 1000,
-               "startup_cpu_s": base["cpu_s"], "startup_wall_s": base["wall_s"]}
-        row.update({k: full[k] for k in ("gil_ms_per_image", "gil_window_images") if k in full})
-        rows.append(row)
-        print(json.dumps(row))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+        for n in counts:
+            cores = set(available[:n]) if n else None
+            tag = f"{i}-{n}" if n else f"{i}"
+            base = run(root, empty, f"empty{tag}", extra, cores=cores)
+            full = run(root, inbox, f"full{tag}", extra, args.gil, args.pin, cores)
+            row = {"images": args.images, "width": args.width, "processes": args.processes, "pinned": args.pin,
+                   "cores": n or len(available), "images_per_s": args.images / (full["wall_s"] - base["wall_s"]),
+                   "cpu_ms_per_image": (full["cpu_s"] - base["cpu_s"]) / args.images * 1000,
+                   "main_cpu_ms_per_image": (full["main_cpu_s"] - base["main_cpu_s"]) / args.images * 1000,
+                   "startup_cpu_s": base["cpu_s"], "startup_wall_s": base["wall_s"]}
+            # of what the cores could do at this CPU per image: 1.0 when no core ever waits
+            row["of_ceiling"] = row["images_per_s"] * row["cpu_ms_per_image"] / 1000 / row["cores"]
+            row.update({k: full[k] for k in ("gil_ms_per_image", "gil_window_images") if k in full})
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            if args.json:  # after each run: what was measured survives a run cut off by a time box
+                Path(args.json).write_text(json.dumps(rows, indent=1))
     print(f"outputs under {root}", file=sys.stderr)
 
 

@@ -5,7 +5,8 @@ measures the worker there, writing everything to --out (the device tool's $OUT) 
 
 Steps, each time-boxed within --budget-s: `nvidia-smi` before and after; onnxruntime's providers with CUDA
 first; `worker models check` of every bundled model with `engine.require_gpu: true`; `worker bench` of the
-bundled models at 640 and 1920 px (A, B, C, D); a sweep of pipeline.max_batch x infer_workers x
+bundled models at 640 and 1920 px (A, B, C, D); the pipeline around a stand-in model on 1, 2, 4, 8 and 16
+cores (tests/perf/feed.py --cores); a sweep of pipeline.max_batch x infer_workers x
 decode_workers with `worker run` on EfficientNet-Lite0's 640 px corpus; a `worker soak` on CUDA with GPU memory
 samples, and its report. --cpu runs the same on the CPU (with require_gpu off), to try the script here.
 The packages it needs there travel as wheels: tests/perf/gpu_wheels.sh (docs/development.md).
@@ -94,6 +95,8 @@ def main() -> None:
                      f"import fetch_samples; from worker.config import default_cache_dir; "
                      f"make_corpus(fetch_samples(default_cache_dir()), 640, 1000, __import__('pathlib').Path({str(corpus)!r}))"],
           0.1)
+    s.run("scaling", [py, str(ROOT / "tests" / "perf" / "feed.py"), "--images", "3000", "--cores", "1,2,4,8,16",
+                      "--json", str(out / "scaling.json")], 0.2)  # the pipeline on 1-16 cores, a stand-in model
     sweep = []
     grid = list(itertools.product((4, 16), (1, 2), (8, 15)))
     for i, (batch, infer, decode) in enumerate(grid):
@@ -102,7 +105,8 @@ def main() -> None:
         rc = s.run(name, [*config(name, f"max_batch: {batch}, infer_workers: {infer}, decode_workers: {decode}"),
                           "run", str(corpus), "--model", "efficientnet-lite0", "--no-progress"],
                    1 / (len(grid) - i + 2))
-        text = (s.logs / f"{name}.txt").read_text()
+        log = s.logs / f"{name}.txt"
+        text = log.read_text() if log.exists() else ""  # not run: out of time
         rate = next((line.split()[0] for line in text.splitlines() if "images/s over" in line), None)
         sweep.append({"max_batch": batch, "infer_workers": infer, "decode_workers": decode, "exit": rc,
                       "images_per_s": float(rate) if rate else None, "wall_s": round(time.monotonic() - t0, 1)})
