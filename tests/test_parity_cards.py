@@ -1,6 +1,6 @@
 """`worker models check --image --expect-input/--expect-output` for every card feature beyond the bundled
-models' (tests/test_parity.py has those): one gray channel, 16-bit depth, channels last, raw uint8 pixels,
-and a model taking the images' sizes as a second input. "Your pipeline" is plain OpenCV and NumPy here,
+models' (tests/test_parity.py has those): one gray channel, 16-bit depth, a float TIFF's own values (depth
+32), channels last, raw uint8 pixels, and a model taking the images' sizes as a second input. "Your pipeline" is plain OpenCV and NumPy here,
 right once, then wrong in one usual way that the check must name with the card key to change."""
 
 from __future__ import annotations
@@ -106,6 +106,22 @@ def test_a_16_bit_card_passes_with_all_its_levels_and_names_an_8_bit_read(tmp_pa
     assert "read as 8 bits" in line and "set preprocess.depth: 8" in line, line
 
     code, said = _check(tmp_path, models, "xray", image, "--expect-input", _save(tmp_path, right * 65535))
+    assert code == 1 and "mean/std not applied" in _most_likely(said), said
+
+
+def test_a_32_bit_card_compares_a_float_tiff_s_own_values(tmp_path: Path, models: Path) -> None:
+    """depth 32: a thermal camera's temperatures (float TIFF, degrees), normalised in their own units."""
+    _gray_card(models, "{color: gray, depth: 32, resize: stretch, mean: [0], std: [100]}")
+    rng = np.random.default_rng(3)
+    temps = cv2.resize(rng.uniform(-20, 120, (6, 9)).astype(np.float32), (90, 60), interpolation=cv2.INTER_CUBIC)
+    image = tmp_path / "thermal.tiff"
+    assert cv2.imwrite(str(image), temps)
+    read = cv2.imread(str(image), cv2.IMREAD_UNCHANGED)
+    assert read.dtype == np.float32 and np.array_equal(read, temps)
+    right = cv2.resize(read, SIZE_WH)[None, None] / 100
+    code, said = _check(tmp_path, models, "xray", image, "--expect-input", _save(tmp_path, right))
+    assert code == 0 and "input: PASS" in said, said
+    code, said = _check(tmp_path, models, "xray", image, "--expect-input", _save(tmp_path, right * 100))
     assert code == 1 and "mean/std not applied" in _most_likely(said), said
 
 
