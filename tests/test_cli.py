@@ -501,8 +501,7 @@ def test_models_list_shows_the_cards_that_load_and_says_what_is_wrong_with_the_r
     shutil.copytree(ROOT / "models" / "ppocr-det", models / "ppocr-det")
     (models / "half").mkdir()
     (models / "half" / "model.yaml").write_text("name: half\ntask: [\n")
-    conf = config_file(tmp_path)
-    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
+    conf = config_file(tmp_path, models)
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "list"])
     assert out.exit_code == 1 and "ppocr-det" in out.output and "segment" in out.output
     assert f"error: {models / 'half' / 'model.yaml'}: not valid YAML" in out.output
@@ -522,8 +521,7 @@ def test_models_check_says_what_the_worker_feeds_and_reads_or_why_the_card_is_re
     deploy_detector(card_file(models, "deploy", body + "labels: [person, cup, car]") / "deploy.onnx")
     deploy_detector(card_file(models, "wrong", body.replace("outputs: [boxes, scores, labels]",
                                                                 "outputs: [boxes, whwh]")) / "wrong.onnx")
-    conf = config_file(tmp_path)
-    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
+    conf = config_file(tmp_path, models)
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "deploy"])
     assert out.exit_code == 0, out.output
     assert out.output.startswith(f"model 'deploy' (detect): ok, {models / 'deploy' / 'deploy.onnx'}")
@@ -545,8 +543,7 @@ def test_models_check_says_an_instance_segmenter_s_prototype_masks_give_the_mask
                                                    "postprocess: {output: output0, masks: output1, layout: yolov8}\n"
                                                    "labels: [part, scratch]")
                         / "quad.onnx", "yolov8")
-    conf = config_file(tmp_path)
-    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
+    conf = config_file(tmp_path, models)
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "check", "quad"])
     assert out.exit_code == 0, out.output
     for line in ("  output output0 tensor(float) [N, 8, 3]: read",  # not "joined": the masks are apart

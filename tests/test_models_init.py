@@ -21,9 +21,7 @@ ULTRALYTICS = {"author": "Ultralytics", "version": "8.4.190", "task": "detect", 
 
 
 def _init(tmp_path: Path, *args: str) -> tuple[int, str]:
-    conf = config_file(tmp_path)
-    conf.write_text(conf.read_text().replace(f"models_dir: {Path(__file__).parents[1] / 'models'}",
-                                             f"models_dir: {tmp_path / 'models'}"))
+    conf = config_file(tmp_path, tmp_path / "models")
     out = CliRunner().invoke(main_as_command, ["--config", str(conf), "models", *args])
     return out.exit_code, out.output
 

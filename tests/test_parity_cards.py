@@ -14,7 +14,6 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto
 
-from tests.conftest import ROOT
 from tests.support.cli import config_file, main_as_command
 from tests.support.onnx_models import card_file, channels_last_model, deploy_detector, gray_model
 
@@ -27,8 +26,7 @@ def models(tmp_path: Path) -> Path:
 
 
 def _check(tmp_path: Path, models: Path, name: str, image: Path, *args: str) -> tuple[int, str]:
-    conf = config_file(tmp_path)
-    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {models}"))
+    conf = config_file(tmp_path, models)
     out = CliRunner().invoke(main_as_command, ["--config", str(conf), "models", "check", name, "--image", str(image),
                                                *args])
     return out.exit_code, out.output

@@ -122,8 +122,7 @@ def test_rect_is_refused_for_a_model_of_fixed_size_and_without_a_letterbox(tmp_p
 def test_models_init_writes_rect_for_a_dynamic_export_and_its_card_matches_ultralytics(
         rect: tuple[Config, Path], tmp_path: Path) -> None:
     cfg, images = rect
-    conf = config_file(tmp_path)
-    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {cfg.models_dir}"))
+    conf = config_file(tmp_path, cfg.models_dir)
     out = CliRunner().invoke(main_as_command, ["--config", str(conf), "models", "init", "mine", "--onnx",
                                                str(cfg.models_dir / "rect" / "rect.onnx")])
     assert out.exit_code == 0, out.output
@@ -151,8 +150,7 @@ def test_the_parity_check_names_rect_for_a_tensor_of_ultralytics_rect_shape(rect
                                                                               tmp_path: Path) -> None:
     """What Ultralytics' LetterBox(auto=True) feeds a dynamic export, as a user saves it, against each card."""
     cfg, images = rect
-    conf = config_file(tmp_path)
-    conf.write_text(conf.read_text().replace(f"models_dir: {ROOT / 'models'}", f"models_dir: {cfg.models_dir}"))
+    conf = config_file(tmp_path, cfg.models_dir)
     image = cv2.imread(str(images / "chelsea.png"))
     h, w = image.shape[:2]
     s = min(320 / h, 320 / w)

@@ -13,10 +13,11 @@ from tests.conftest import CACHE, ROOT
 from worker.cli import cli
 
 
-def config_file(tmp_path: Path) -> Path:
+def config_file(tmp_path: Path, models_dir: Path | None = None) -> Path:
+    """tmp_path/config.yaml: paths in tmp_path, the bundled cards (or those of `models_dir`), the test cache."""
     p = tmp_path / "config.yaml"
     p.write_text(f"inbox: inbox\noutbox: outbox\narchive: archive\ndb: sqlite:///worker.db\n"
-                 f"models_dir: {ROOT / 'models'}\ncache_dir: {CACHE}\n"
+                 f"models_dir: {models_dir or ROOT / 'models'}\ncache_dir: {CACHE}\n"
                  f"watch: {{settle_s: 0.3, create_inbox: true}}\nmetrics: {{memory_sample_s: 0.5}}\n")
     return p
 

@@ -55,10 +55,15 @@ def _size(export: Export, layout: str) -> tuple[list[int] | None, str]:
         except (ValueError, SyntaxError):
             pass
     dims = export.input_dims
-    h, w = (dims[2], dims[3]) if layout == "nchw" else (dims[1], dims[2])
-    if isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0:
-        return [h, w], f"the input's shape {list(dims)}"
+    if (hw := _fixed_hw(dims, layout)) is not None:
+        return list(hw), f"the input's shape {list(dims)}"
     return None, "neither in its metadata nor in its input's shape (dynamic): set it to what it was trained at"
+
+
+def _fixed_hw(dims: tuple[int | str, ...], layout: str) -> tuple[int, int] | None:
+    """The input's (height, width) where the export fixes both; None where either is dynamic."""
+    h, w = (dims[2], dims[3]) if layout == "nchw" else (dims[1], dims[2])
+    return (h, w) if isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0 else None
 
 
 def card_text(name: str, onnx: Path, task: str | None) -> str:
@@ -88,8 +93,7 @@ def card_text(name: str, onnx: Path, task: str | None) -> str:
              + f"  # inferred: name, layout and batch from the input {list(dims)}; size from {size_from}"]
     gray = "gray" if channels == 1 else "rgb"
     if ultra and task == "detect":
-        hw = (dims[2], dims[3]) if layout == "nchw" else (dims[1], dims[2])
-        if all(isinstance(d, int) and d > 0 for d in hw):
+        if _fixed_hw(dims, layout) is not None:
             lines.append(f"preprocess: {{color: {gray}, resize: letterbox, pad_value: 114, mean: [0, 0, 0], "
                          "std: [255, 255, 255]}  # inferred: Ultralytics' predict() letterboxes to a square, pads "
                          "with 114, RGB, /255")

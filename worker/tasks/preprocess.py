@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 import cv2
@@ -75,20 +74,14 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
     at (x * W / w, y * H / h), shorter side and centre crop, or letterbox), and the geometry that maps
     it back. A rect letterbox (`spec.rect`) pads each side only up to a multiple of `spec.stride`, as
     Ultralytics' LetterBox(auto=True) does for models of dynamic height and width: (h', w') <= size_hw."""
-    resized, geo = _resize(image, spec, size_hw, interpolation)
-    return resized, dataclasses.replace(geo, input_hw=(resized.shape[0], resized.shape[1]))
-
-
-def _resize(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
-            interpolation: int) -> tuple[np.ndarray, Geometry]:
     h, w = image.shape[:2]
     th, tw = size_hw
     if spec.resize == "stretch":
         resized = cv2.resize(image, (tw, th), interpolation=interpolation)
-        geo = Geometry((h, w), tw / w, th / h)
+        geo = Geometry((h, w), tw / w, th / h, input_hw=(th, tw))
     elif spec.resize == "stretch-asymmetric" and max(h, w) >= WARP_MAX:
         resized = _sample(image, np.arange(th) * (h / th), np.arange(tw) * (w / tw), replicate=False)
-        geo = Geometry((h, w), tw / w, th / h)
+        geo = Geometry((h, w), tw / w, th / h, input_hw=(th, tw))
     elif spec.resize == "stretch-asymmetric":
         # the corner-to-corner matrix through warpPerspective, as MediaPipe builds it: warpAffine with the
         # same scales rounds its coordinates differently (94 of chelsea.png's mask pixels flipped)
@@ -96,7 +89,7 @@ def _resize(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
         matrix = cv2.getPerspectiveTransform(corners, np.array([[0, 0], [tw, 0], [tw, th], [0, th]], np.float32))
         resized = cv2.warpPerspective(image, matrix, (tw, th), flags=cv2.INTER_LINEAR,
                                       borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0, 0))
-        geo = Geometry((h, w), tw / w, th / h)
+        geo = Geometry((h, w), tw / w, th / h, input_hw=(th, tw))
     elif spec.resize == "shorter-crop":
         s = spec.resize_shorter / min(h, w)
         nw, nh = int(round(w * s)), int(round(h * s))
@@ -109,7 +102,7 @@ def _resize(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
         if resized.shape[:2] != (th, tw):  # shorter side below the crop size: pad, never fail
             resized = cv2.copyMakeBorder(resized, 0, th - resized.shape[0], 0, tw - resized.shape[1],
                                          cv2.BORDER_CONSTANT, value=(0, 0, 0))
-        geo = Geometry((h, w), s, s, -left, -top)
+        geo = Geometry((h, w), s, s, -left, -top, (th, tw))
     else:  # letterbox
         s = min(th / h, tw / w)
         nw, nh = max(int(round(w * s)), 1), max(int(round(h * s)), 1)
@@ -120,7 +113,7 @@ def _resize(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
         resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=interpolation)
         # each side's own scale, as resized (nh / h, not s: 213 rows for 400 where s gives 213.3), as
         # Ultralytics maps its boxes back since 8.4 (scale_boxes); s was up to a pixel off at the far edge
-        geo = Geometry((h, w), nw / w, nh / h, left, top)
+        geo = Geometry((h, w), nw / w, nh / h, left, top, (th, tw))
     return resized, geo
 
 
