@@ -605,7 +605,7 @@ def test_read_only_commands_never_migrate_and_db_upgrade_says_the_revision(tmp_p
     url = f"sqlite:///{tmp_path / 'old.db'}"
     r = CliRunner()
     up = r.invoke(cli, ["db", "upgrade", "--db", url])
-    assert up.exit_code == 0 and up.stdout.strip().endswith("at revision 0004 (the newest)"), up.output
+    assert up.exit_code == 0 and up.stdout.strip().endswith("at revision 0005 (the newest)"), up.output
     down = r.invoke(cli, ["db", "downgrade", "0002", "--db", url])
     assert down.exit_code == 0 and down.stdout.strip().endswith("at revision 0002"), down.output
 
@@ -619,7 +619,7 @@ def test_read_only_commands_never_migrate_and_db_upgrade_says_the_revision(tmp_p
     for command in ("query", "stats", "health", "export coco"):
         out = r.invoke(cli, [*command.split(), "--db", url])
         said = str(out.exception)  # main() prints a WorkerError as `error: ...`, exit 1
-        assert out.exit_code != 0 and "older than this worker's 0004" in said, (command, said)
+        assert out.exit_code != 0 and "older than this worker's 0005" in said, (command, said)
         assert f"worker db upgrade --db {url}" in said, command
         assert revision() == "0002", command
 

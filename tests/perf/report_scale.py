@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import resource
 import sqlite3
@@ -23,8 +24,24 @@ from pathlib import Path
 CHUNK = 200_000
 
 
+def _uniform(i: int, salt: int) -> float:
+    """A number in (0, 1) drawn from the image's index: the same for its rows and its tallies."""
+    return (((i + 1) * 2654435761 + salt * 40503) % 2**32 + 0.5) / 2**32
+
+
+def _total_ms(i: int) -> float:
+    return 14 - 5 * math.log(_uniform(i, 1))  # 14 ms and an exponential tail of mean 5
+
+
+def _score(i: int) -> float:
+    return _uniform(i, 2)
+
+
 def build(path: Path, days: float, rate: float, sample_s: float) -> int:
+    from worker.intake.jobs import JobStatus
     from worker.store.db import open_db
+    from worker.store.events import Finished
+    from worker.store.tallies import as_rows, tally
 
     open_db(f"sqlite:///{path}").dispose()  # the schema, as a worker makes it
     n = int(days * 86400 * rate)
@@ -46,12 +63,33 @@ def build(path: Path, days: float, rate: float, sample_s: float) -> int:
                         "not an image" if i % 1000 == 999 else None, t, t) for i, t in zip(range(lo, hi), at)])
         c.executemany("INSERT INTO timings (image_id, run_id, queue_wait_ms, decode_ms, preprocess_ms, infer_ms, "
                       "postprocess_ms, write_ms, total_ms, batch_size) VALUES (?, 1, 1, 3, 1, 8, 0.2, 0.3, ?, 1)",
-                      [(i + 1, 14 + rng.expovariate(0.2)) for i in range(lo, hi)])
+                      [(i + 1, _total_ms(i)) for i in range(lo, hi)])
         c.executemany("INSERT INTO results (image_id, task, score, payload) VALUES (?, 'classify', ?, '{}')",
-                      [(i + 1, rng.random()) for i in range(lo, hi) if i % 1000 != 999])
+                      [(i + 1, _score(i)) for i in range(lo, hi) if i % 1000 != 999])
         c.executemany("INSERT INTO labels (image_id, class_id, name, score) VALUES (?, ?, ?, 0.5)",
                       [(i + 1, i % 50, f"class {i % 50}") for i in range(lo, hi) if i % 1000 != 999])
         c.commit()
+    # the tallies, as the recorder adds them up: one batch of outcomes per minute
+    cells: dict = {}
+    per_minute = int(60 * rate)
+    for lo in range(0, n, per_minute):
+        outcomes = []
+        for i in range(lo, min(n, lo + per_minute)):
+            total, score = _total_ms(i), _score(i)
+            failed = i % 1000 == 999
+            outcomes.append(Finished(
+                f"d/{i}.jpg", "", 1000, JobStatus.FAILED if failed else JobStatus.DONE,
+                error="not an image" if failed else None, task=None if failed else "classify", score=score,
+                labels=() if failed else ((i % 50, f"class {i % 50}", 0.5),),
+                timings=dict(queue_wait_ms=1, decode_ms=3, preprocess_ms=1, infer_ms=8, postprocess_ms=0.2,
+                             write_ms=0.3, total_ms=total, batch_size=1)))
+        for key, (k, amount) in tally(outcomes, start + timedelta(seconds=lo / rate)).items():
+            cell = cells.setdefault(key, [0, 0.0])
+            cell[0] += k
+            cell[1] += amount
+    c.executemany("INSERT INTO tallies (run_id, at, kind, key, images, amount) VALUES (1, ?, ?, ?, ?, ?)",
+                  [(r["at"], r["kind"], r["key"], r["images"], r["amount"]) for r in as_rows(1, cells)])
+    c.commit()
     samples = int(days * 86400 / sample_s)
     c.executemany("INSERT INTO memory_samples (run_id, at, rss_bytes, fds, threads, queue_depth, images_done) "
                   "VALUES (1, ?, ?, 20, 12, 3, ?)",

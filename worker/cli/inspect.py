@@ -105,7 +105,8 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
             click.echo(f"  only from {w['since'] or 'its start'} until {w['until'] or 'now'}")
         if r["health"]["state"] != "finished":
             click.echo(f"  state: {r['health']['detail']}")
-        click.echo(f"  counts: {json.dumps(r['counts'])}  images/s: {or_dash(r['images_per_s'])}  "
+        counted = "outcomes" if r["read_from"] == "tallies" else "counts"  # a replayed image counts each time
+        click.echo(f"  {counted}: {json.dumps(r['counts'])}  images/s: {or_dash(r['images_per_s'])}  "
                    f"mean batch: {or_dash(r['batch_size_mean'])}")
         if r["results"]:
             click.echo(f"  {_results_line(r['results'])}")
@@ -114,6 +115,8 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
         else:
             li = r["latency_images"]
             over = f"  (1 in {li['stride']} of {li['of']} images: {li['read']})" if li["stride"] > 1 else ""
+            if r["read_from"] == "tallies":
+                over = f"  (of {li['of']} images, read from the run's tallies: within 4%)"
             click.echo(f"  latency ms        p50       p95       p99{over}")
             for stage, p in r["latency_ms"].items():
                 click.echo(f"  {stage:<15}{p['p50']:>8}  {p['p95']:>8}  {p['p99']:>8}")

@@ -15,7 +15,8 @@ logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font cache's IN
 import matplotlib.dates as mdates  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-from worker.report.data import EDGES_MS, SCORE_BINS, ReportData  # noqa: E402
+from worker.report.data import SCORE_BINS, ReportData  # noqa: E402
+from worker.store.tallies import PER_DECADE  # noqa: E402
 
 SIZE = (9.0, 3.0)  # inches
 STAGES = ("queue_wait_ms", "decode_ms", "preprocess_ms", "infer_ms", "postprocess_ms", "write_ms", "total_ms")
@@ -65,7 +66,7 @@ def latency(data: ReportData) -> str | None:
     for i, name in enumerate(("p50", "p95", "p99")):
         ax.plot(t, [row[i + 1] for row in data.latency], label=name, marker=".")
     ax.set_yscale("log")
-    ax.set_ylabel(f"total latency, ms (bins to {EDGES_MS[1] / EDGES_MS[0]:.2f}x)")
+    ax.set_ylabel(f"total latency, ms (bins of {10 ** (1 / PER_DECADE):.3f}x)")
     ax.legend(loc="upper right")
     _time_axis(ax, t)
     return _svg(fig)

@@ -5,23 +5,22 @@ failures by reason, labels and scores, and the images of the gallery."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, extract, func, select
+from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, exists, extract, func, or_, select
 
 from worker.errors import CheckInputError
+from worker.store import tallies
 from worker.store.queries import run_stats
-from worker.store.schema import ImageRow, MemorySample, ResultRow, Run, TimingRow
+from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
 
 BUCKETS = 120  # points of a time series at most
 NICE_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
-# latency bins (ms): their upper edges, log-spaced from 1 ms to 100 s; percentiles are read at the bins' edges
-EDGES_MS = tuple(round(10 ** (i / 8), 3) for i in range(0, 41))
 SCORE_BINS = 20
-# the distributions (latency by bucket, labels, scores) are read from every k-th image where a run has more than
-# this many (a uniform sample: its shape holds, its counts are scaled back); counts and throughput are exact
+# runs recorded before tallies: their latency bins and scores are read from every k-th image where they have
+# more than this many (a uniform sample: its shape holds, its counts are scaled back)
 SAMPLED = 300_000
 GALLERY = 6  # images per gallery row
 
@@ -77,60 +76,86 @@ def _bucket(span_s: float) -> int:
     return next((b for b in NICE_S if span_s / b <= BUCKETS), NICE_S[-1])
 
 
-def _percentile(counts: list[int], q: float) -> float:
-    total = sum(counts)
-    running = 0
-    for i, n in enumerate(counts):
-        running += n
-        if running >= q * total:
-            return EDGES_MS[min(i, len(EDGES_MS) - 1)]
-    return EDGES_MS[-1]
-
-
 def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path, gallery: int = GALLERY) -> ReportData:
     ids = [r["id"] for r in runs]
     stats = [s for rid in ids for s in run_stats(db, run_id=rid, warmup_s=warmup_s)]
     start = min(r["started_at"] for r in runs)
     end = max((r["finished_at"] or r["heartbeat_at"] or r["started_at"]) for r in runs)
     with db.connect() as c:
-        last_image = c.execute(select(func.max(ImageRow.updated_at)).where(ImageRow.run_id.in_(ids))).scalar()
+        tallied = all(_tallied(c, rid) for rid in ids)
+        last_image = (_epoch(tallies.last_at(c, ids)) if tallied else
+                      c.execute(select(func.max(ImageRow.updated_at)).where(ImageRow.run_id.in_(ids))).scalar())
         last_sample = c.execute(select(func.max(MemorySample.at)).where(MemorySample.run_id.in_(ids))).scalar()
         end = max(x for x in (end, last_image, last_sample) if x is not None)
         bucket = _bucket(max((end - start).total_seconds(), 1.0))
         data = ReportData(runs, stats, {}, bucket)
-        mine = ImageRow.run_id.in_(ids)
         for run in stats:  # `worker stats`' own counts, summed over the runs
             for status, n in run["counts"].items():
                 data.counts[status] = data.counts.get(status, 0) + int(n)
-        data.stride = max(1, sum(data.counts.values()) // SAMPLED)
-        sampled = mine if data.stride == 1 else and_(mine, ImageRow.id % data.stride == 0)
-        epoch = cast(extract("epoch", ImageRow.updated_at), BigInteger) // bucket
-        finished = ImageRow.status.in_(("done", "failed"))
-        data.throughput = [(int(b) * bucket, int(d or 0), int(f or 0)) for b, d, f in c.execute(
-            select(epoch, func.sum(case((ImageRow.status == "done", 1), else_=0)),
-                   func.sum(case((ImageRow.status == "failed", 1), else_=0)))
-            .where(mine, finished).group_by(epoch).order_by(epoch))]
-        binned = case(*[(TimingRow.total_ms <= e, i) for i, e in enumerate(EDGES_MS)], else_=len(EDGES_MS))
-        hist: dict[int, list[int]] = {}
-        for b, i, n in c.execute(select(epoch, binned, func.count())
-                                 .join(TimingRow, TimingRow.image_id == ImageRow.id)
-                                 .where(sampled, ImageRow.status == "done").group_by(epoch, binned)):
-            hist.setdefault(int(b), [0] * (len(EDGES_MS) + 1))[int(i)] += int(n)
-        data.latency = [(b * bucket, _percentile(h, .5), _percentile(h, .95), _percentile(h, .99))
-                        for b, h in sorted(hist.items())]
+        if tallied and bucket >= tallies.MINUTE:
+            data.throughput, hist = tallies.series(c, ids, bucket)
+        else:
+            data.throughput, hist, data.stride = _series(c, ids, bucket, sum(data.counts.values()))
+        for b, h in sorted(hist.items()):
+            p = tallies.bin_percentiles(h)
+            data.latency.append((b, p["p50"], p["p95"], p["p99"]))
         _memory(c, data, ids, bucket, warmup_s)
+        mine = ImageRow.run_id.in_(ids)
         data.failures = [(reason or "(no reason recorded)", int(n), rel) for reason, n, rel in c.execute(
             select(ImageRow.error, func.count(), func.min(ImageRow.rel_path))
-            .where(mine, ImageRow.status == "failed").group_by(ImageRow.error)
+            .where(ImageRow.status == "failed", mine).group_by(ImageRow.error)
             .order_by(func.count().desc()).limit(20))]
         data.labels = _labels(stats)
-        score_bin = cast(ResultRow.score * SCORE_BINS, Integer)
-        scores = dict(c.execute(select(score_bin, func.count()).join(ImageRow, ImageRow.id == ResultRow.image_id)
-                                .where(sampled, ImageRow.status == "done").group_by(score_bin)).all())
-        data.scores = [data.stride * (int(scores.get(i, 0)) + (int(scores.get(SCORE_BINS, 0)) if i == SCORE_BINS - 1
-                                                               else 0)) for i in range(SCORE_BINS)]
+        data.scores = _score_bins(c, ids, data.stride) if not tallied else [
+            sum(n) for n in _chunks(tallies.score_counts(c, ids), tallies.SCORE_BINS // SCORE_BINS)]
         data.gallery = _gallery(c, ids, runs, outbox, gallery)
     return data
+
+
+def _tallied(c: Any, rid: int) -> bool:
+    """A run whose outcomes are tallied: it has tallies, or no image (tallies came with migration 0005)."""
+    return bool(tallies.tallied(c, [rid])) or c.execute(select(ImageRow.id).where(ImageRow.run_id == rid)
+                                                        .limit(1)).first() is None
+
+
+def _epoch(at: int | None) -> datetime | None:
+    return None if at is None else datetime.fromtimestamp(at, timezone.utc)
+
+
+def _chunks(values: list[int], size: int) -> list[list[int]]:
+    return [values[i:i + size] for i in range(0, len(values), size)]
+
+
+def _series(c: Any, ids: list[int], bucket: int, images: int) -> tuple[list[tuple[int, int, int]],
+                                                                       dict[int, dict[int, int]], int]:
+    """Throughput and latency bins by bucket, read from the images' rows (a span too short for the
+    tallies' minutes, or runs recorded before them): the latency bins from every stride-th image."""
+    mine = ImageRow.run_id.in_(ids)
+    stride = max(1, images // SAMPLED)
+    sampled = mine if stride == 1 else and_(mine, ImageRow.id % stride == 0)
+    epoch = cast(extract("epoch", ImageRow.updated_at), BigInteger) // bucket
+    throughput = [(int(b) * bucket, int(d or 0), int(f or 0)) for b, d, f in c.execute(
+        select(epoch, func.sum(case((ImageRow.status == "done", 1), else_=0)),
+               func.sum(case((ImageRow.status == "failed", 1), else_=0)))
+        .where(mine, ImageRow.status.in_(("done", "failed"))).group_by(epoch).order_by(epoch))]
+    hist: dict[int, dict[int, int]] = {}
+    for b, ms in c.execute(select(epoch, TimingRow.total_ms).join(TimingRow, TimingRow.image_id == ImageRow.id)
+                           .where(sampled, ImageRow.status == "done")):
+        cell = hist.setdefault(int(b) * bucket, {})
+        index = tallies.latency_bin(ms)
+        cell[index] = cell.get(index, 0) + stride
+    return throughput, hist, stride
+
+
+def _score_bins(c: Any, ids: list[int], stride: int) -> list[int]:
+    sampled = ImageRow.run_id.in_(ids) if stride == 1 else and_(ImageRow.run_id.in_(ids), ImageRow.id % stride == 0)
+    score_bin = cast(ResultRow.score * SCORE_BINS, Integer)
+    # as `worker stats` reads them: a classifier's every image, a detector's or segmenter's that found something
+    scored = or_(ResultRow.task == "classify", exists().where(LabelRow.image_id == ResultRow.image_id))
+    scores = dict(c.execute(select(score_bin, func.count()).join(ImageRow, ImageRow.id == ResultRow.image_id)
+                            .where(sampled, ImageRow.status == "done", scored).group_by(score_bin)).all())
+    return [stride * (int(scores.get(i, 0)) + (int(scores.get(SCORE_BINS, 0)) if i == SCORE_BINS - 1 else 0))
+            for i in range(SCORE_BINS)]
 
 
 def _labels(stats: list[dict[str, Any]]) -> list[tuple[str, int]]:

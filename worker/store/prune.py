@@ -3,7 +3,7 @@
 Each done or failed image costs about 2 KB of database (its row, result, labels and timings; 3.2 MB
 for 1,800 EfficientNet-Lite0 images here): a line at one image a second adds about 150 MB a day.
 Pruning deletes the images last updated before the cutoff with their results, labels and timings, the
-memory samples taken before it, and the runs that ended before it with nothing left that refers to
+memory samples taken before it, the tallies of the minutes and hours before it, and the runs that ended before it with nothing left that refers to
 them. In batches of a few thousand images, each its own short transaction, so a worker writing
 meanwhile waits at most for one batch (well within its busy timeout). Images in flight (`queued`,
 `processing`) are never pruned. What is pruned is forgotten: `worker run` on a folder whose images
@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Engine, and_, delete, exists, func, not_, select, text
+from sqlalchemy import Engine, and_, delete, exists, func, not_, or_, select, text
 
 from worker.intake.jobs import JobStatus
-from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
+from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TallyRow, TimingRow
+from worker.store.tallies import HOUR, MINUTE, MINUTE_TALLIES
 
 BATCH = 2000  # images per transaction
 
@@ -38,7 +39,7 @@ def _prunable(before: datetime) -> Any:
 
 def prune(db: Engine, before: datetime, batch: int = BATCH) -> Pruned:
     """Delete the done and failed images last updated before `before` (with their rows in the tables
-    that refer to them), the memory samples taken before it, and the runs that ended before it and are
+    that refer to them), the memory samples taken before it, the tallies of the minutes and hours before it, and the runs that ended before it and are
     no longer referred to."""
     # every statement writes (no read first): on SQLite a transaction that read, then writes after the
     # recorder committed, fails at once ("database is locked") instead of waiting its busy timeout
@@ -54,10 +55,14 @@ def prune(db: Engine, before: datetime, batch: int = BATCH) -> Pruned:
             break
     with db.begin() as c:
         samples = c.execute(delete(MemorySample).where(MemorySample.at < before)).rowcount
+        cutoff = int(before.timestamp())
+        c.execute(delete(TallyRow).where(or_(TallyRow.at <= cutoff - HOUR, and_(
+            TallyRow.kind.in_(MINUTE_TALLIES), TallyRow.at <= cutoff - MINUTE))))
         unreferenced = ~exists().where(ImageRow.run_id == Run.id) & ~exists().where(TimingRow.run_id == Run.id) \
             & ~exists().where(MemorySample.run_id == Run.id)
-        runs = c.execute(delete(Run).where(Run.finished_at.is_not(None), Run.finished_at < before, unreferenced)
-                         ).rowcount
+        gone = (Run.finished_at.is_not(None), Run.finished_at < before, unreferenced)
+        c.execute(delete(TallyRow).where(TallyRow.run_id.in_(select(Run.id).where(*gone))))
+        runs = c.execute(delete(Run).where(*gone)).rowcount
     return Pruned(images, samples, runs)
 
 

@@ -16,6 +16,7 @@ from sqlalchemy import Engine, and_, exists, func, or_, select
 from worker.errors import StoreError
 from worker.intake.jobs import JobStatus
 from worker.measure.metrics import percentiles, slope_per_hour, slope_se_per_hour
+from worker.store import tallies
 from worker.store.health import STALL_S, Beat, Health, assess, sample_period_s
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
@@ -158,15 +159,21 @@ def _require_run(c: Any, run_id: int | None) -> None:
 # read (exact aggregates, first and last sample included), so `stats` stays quick and small
 SAMPLE_CAP = 20_000
 TIMING_CAP = 100_000
+# beyond this many outcomes, a run asked about as a whole is read from its tallies
+TALLIED_ABOVE = 100_000
 
 
 def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: float = 60.0,
-              since: datetime | None = None, until: datetime | None = None) -> list[dict[str, Any]]:
+              since: datetime | None = None, until: datetime | None = None,
+              tallied_above: int = TALLIED_ABOVE) -> list[dict[str, Any]]:
     """Per run: counts, throughput, per-stage latency percentiles and the RSS trend.
 
     `since` / `until`: only what happened in that window (images by their last update, memory samples
     by their time), of the runs that were active in it: a watcher of months asked about its last day.
-    The warm-up still counts from the run's start."""
+    The warm-up still counts from the run's start.
+
+    A run of more than `tallied_above` outcomes, asked about as a whole, is read from its tallies
+    (worker.store.tallies; `read_from` says which): counts are outcomes as recorded, latencies to 3.7%."""
     window = _Window(since, until)
     with db.connect() as c:
         q = select(Run).order_by(Run.id.desc()).limit(last)
@@ -183,11 +190,19 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
         out = []
         for run in reversed(runs):
             rid = run["id"]
-            counts = dict(c.execute(select(ImageRow.status, func.count())
-                                    .where(ImageRow.run_id == rid, *window.of(ImageRow.updated_at))
-                                    .group_by(ImageRow.status)).all())
-            stats = _one_run(dict(run), counts, _timings(c, rid, window), _samples(c, rid, window), warmup_s, window)
-            stats["results"] = _results(c, rid, window)
+            if since is None and until is None and tallies.tallied(c, [rid]) > tallied_above:
+                counts = {**tallies.outcomes(c, [rid]), **_in_flight(c, rid)}
+                stats = _one_run(dict(run), counts, _tallied_latency(c, rid), _samples(c, rid, window), warmup_s)
+                stats["results"] = tallies.results(c, [rid])
+                stats["read_from"] = "tallies"
+            else:
+                counts = dict(c.execute(select(ImageRow.status, func.count())
+                                        .where(ImageRow.run_id == rid, *window.of(ImageRow.updated_at))
+                                        .group_by(ImageRow.status)).all())
+                stats = _one_run(dict(run), counts, _latency(_timings(c, rid, window)), _samples(c, rid, window),
+                                 warmup_s, window)
+                stats["results"] = _results(c, rid, window)
+                stats["read_from"] = "rows"
             stats["health"] = assess(dict(run), _latest_beats(c, dict(run), STALL_S), utcnow()).as_dict()
             out.append(stats)
     return out
@@ -215,6 +230,32 @@ class _Timings:
     total: int
     stride: int
     batch_mean: float | None  # over all of them
+
+
+@dataclass(frozen=True)
+class _Latency:
+    """What `stats` says of a run's latencies: percentiles by stage, how many images they are of."""
+    by_stage: dict[str, dict[str, float]]
+    images: dict[str, Any]  # read, of, stride (and from tallies: bins_per_decade)
+    batch_mean: float | None
+
+
+def _latency(timings: _Timings) -> _Latency:
+    return _Latency({s: percentiles([r[i] for r in timings.rows]) for i, s in enumerate(STAGES)},
+                    {"read": len(timings.rows), "of": timings.total, "stride": timings.stride}, timings.batch_mean)
+
+
+def _tallied_latency(c: Any, rid: int) -> _Latency:
+    lat = tallies.latency(c, [rid])
+    return _Latency(lat.by_stage, {"read": lat.images, "of": lat.images, "stride": 1,
+                                   "bins_per_decade": tallies.PER_DECADE}, lat.batch_mean)
+
+
+def _in_flight(c: Any, rid: int) -> dict[str, int]:
+    """A run's images queued or in progress (by the index on status and run: not its every image)."""
+    return dict(c.execute(select(ImageRow.status, func.count())
+                          .where(ImageRow.status.in_((JobStatus.QUEUED.value, JobStatus.PROCESSING.value)),
+                                 ImageRow.run_id == rid).group_by(ImageRow.status)).all())
 
 
 def _timings(c: Any, rid: int, window: _Window) -> _Timings:
@@ -340,7 +381,7 @@ def run_health(db: Engine, run_id: int | None = None, root: str | None = None,
     return assess(dict(run), beats, utcnow(), stall_s)
 
 
-def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sampled: _Samples,
+def _one_run(run: dict[str, Any], counts: dict[str, int], latency: _Latency, sampled: _Samples,
              warmup_s: float, window: _Window = _Window()) -> dict[str, Any]:
     start, end = run["started_at"], run["finished_at"]
     samples = sampled.rows
@@ -348,7 +389,6 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sam
     # an unfinished run (running, or stopped without finishing): up to its last sample
     span_start, until = window.clip(start, end or sampled.last_at)
     span = (until - span_start).total_seconds() if until and until > span_start else None
-    stages = {s: percentiles([r[i] for r in timings.rows]) for i, s in enumerate(STAGES)}
     memory: dict[str, Any] = {"samples": sampled.total, "sample_stride": sampled.stride}
     if samples:
         # the sampler counts what the pipeline processed: a soak replays its images, one row each
@@ -383,7 +423,7 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], timings: _Timings, sam
             "window": {"since": window.since.isoformat() if window.since else None,
                        "until": window.until.isoformat() if window.until else None},
             "counts": counts, "images_per_s": round(processed / span, 2) if span else None,
-            "batch_size_mean": round(timings.batch_mean, 2) if timings.batch_mean is not None else None,
-            "latency_ms": {s: {k: round(v, 2) for k, v in p.items()} for s, p in stages.items()},
-            "latency_images": {"read": len(timings.rows), "of": timings.total, "stride": timings.stride},
+            "batch_size_mean": round(latency.batch_mean, 2) if latency.batch_mean is not None else None,
+            "latency_ms": {s: {k: round(v, 2) for k, v in p.items()} for s, p in latency.by_stage.items()},
+            "latency_images": latency.images,
             "memory": memory}

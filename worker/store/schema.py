@@ -68,7 +68,8 @@ class ImageRow(Base):
     __tablename__ = "images"
     __table_args__ = (
         UniqueConstraint("rel_path", "sha256", "model", name="uq_images_path_content_model"),
-        Index("ix_images_status", "status"),
+        # a run's images of one status (its failures, those in flight) without reading its others
+        Index("ix_images_status_run", "status", "run_id"),
         Index("ix_images_updated_at", "updated_at"),
     )
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
@@ -111,8 +112,10 @@ class LabelRow(Base):
 
 class TimingRow(Base):
     __tablename__ = "timings"
+    # a run's slowest images (the report's gallery) without reading its others
+    __table_args__ = (Index("ix_timings_run_total", "run_id", "total_ms"),)
     image_id: Mapped[int] = mapped_column(ForeignKey("images.id", ondelete="CASCADE"), primary_key=True)
-    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), index=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
     queue_wait_ms: Mapped[float] = mapped_column(Float)
     decode_ms: Mapped[float] = mapped_column(Float)
     preprocess_ms: Mapped[float] = mapped_column(Float)
@@ -136,6 +139,19 @@ class MemorySample(Base):
     queue_depth: Mapped[int] = mapped_column(Integer)
     images_done: Mapped[int] = mapped_column(Integer)
     gpu_bytes: Mapped[int | None] = mapped_column(BigInteger)
+
+
+class TallyRow(Base):
+    """What a run's outcomes add up to over a minute or an hour (worker.store.tallies): written with the
+    outcomes, read by `stats` and `report` for a run too long to read row by row."""
+
+    __tablename__ = "tallies"
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"), primary_key=True)
+    at: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)  # epoch s, its period's start
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # tallies.Tally values
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)  # a status, a bin, a label, a task
+    images: Mapped[int] = mapped_column(BigInteger)
+    amount: Mapped[float] = mapped_column(Float)  # a sum the kind says (batch sizes, boxes, images naming none)
 
 
 class QueueRow(Base):

@@ -12,6 +12,7 @@ from sqlalchemy import (BindParameter, Connection, Engine, Integer, Table, and_,
 from worker.fleet.queue import SETTLE
 from worker.intake.jobs import JobStatus
 from worker.store.events import Claimed, Event, Finished, Settled, StampRenewed, Sample
+from worker.store import tallies
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
 # the mapped classes' tables (declared as FromClause, which they are more than)
@@ -112,7 +113,8 @@ class EventWrites:
             IMAGES.c.run_id.in_(select(Run.id).where(Run.root == bindparam("root")))).values(stamp=bindparam("stamp"))
         dialect = self.engine.dialect
         self._hot = {"upsert": CompiledStatement(upsert, dialect), "finish": CompiledStatement(finish, dialect),
-                     "restamp": CompiledStatement(restamp, dialect)}
+                     "restamp": CompiledStatement(restamp, dialect),
+                     "tallies": CompiledStatement(tallies.upsert(self._insert), dialect)}
         for table, columns in ((RESULTS, ("image_id", "task", "score", "payload", "json_path", "mask_path")),
                                (LABELS, ("image_id", "class_id", "name", "score")),
                                (TIMINGS, tuple(c.key for c in TIMINGS.columns))):
@@ -191,6 +193,8 @@ class EventWrites:
                 values = [r for rows in per_image.values() for r in rows[table]]
                 if values:
                     self._hot[table.name].run(conn, values)
+            if finishes:
+                self._hot["tallies"].run(conn, tallies.as_rows(self.run_id, tallies.tally([e for e, _ in finishes], now)))
             if samples:
                 conn.execute(insert(SAMPLES), samples)
             if restamps:
