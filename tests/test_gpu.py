@@ -21,7 +21,7 @@ from worker.cli import cli
 from worker.runtime.gpu import GpuMemory, conflicting_builds, installed_onnxruntime_builds, nvml_index
 from worker.host.memory import MemorySampler
 from worker.store.db import open_db
-from worker.store.queries import run_stats
+from worker.store.stats import run_stats
 from worker.store.schema import MemorySample, Run
 
 

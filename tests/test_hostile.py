@@ -24,7 +24,7 @@ from worker.outputs.outbox import output_rel
 from worker.service import open_pipeline, run_folder, watch
 from worker.store.db import open_db
 from worker.store.health import Health, RunState
-from worker.store.queries import run_health
+from worker.store.stats import run_health
 
 
 def _check(rows: dict, expected: dict) -> None:

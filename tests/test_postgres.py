@@ -25,7 +25,9 @@ from tests.conftest import wait_for
 from worker.service import run_folder
 from worker.store.db import open_db
 from worker.store.health import RunState
-from worker.store.queries import Filters, other_roots, query_images, run_health, run_stats
+from worker.store import tallies
+from worker.store.queries import Filters, other_roots, query_images
+from worker.store.stats import run_health, run_stats
 from worker.store.schema import ImageRow, LabelRow, ResultRow, TimingRow, utcnow
 
 
@@ -132,6 +134,14 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         res = stats["results"]
         assert (res["task"], res["images"], res["none"]) == ("classify", 3, 0)
         assert sum(lb["images"] for lb in res["labels"]) == 3 and outbox_top in [lb["name"] for lb in res["labels"]]
+        # the same run read from its tallies (as a run of millions is): its outcomes, the failure that the
+        # second run retried included; the upserts that add them up and the reads ran here too
+        (tallied,) = run_stats(db, run_id=first.run_id, warmup_s=0, tallied_above=0)
+        assert tallied["read_from"] == "tallies" and tallied["counts"] == {"done": 3, "failed": 1}
+        assert tallied["results"]["labels"] == res["labels"] and tallied["batch_size_mean"] == stats["batch_size_mean"]
+        with db.connect() as conn:
+            per_minute, latency_bins = tallies.series(conn, [first.run_id], 60)
+        assert sum(d for _, d, _ in per_minute) == 3 and sum(sum(b.values()) for b in latency_bins.values()) == 3
         (stats,) = run_stats(db, run_id=second.run_id, warmup_s=0)
         assert stats["counts"] == {"failed": 1} and stats["health"]["state"] == "finished"
         # a window (`stats --since`) and `query`'s rows, their documents from JSONB, there too

@@ -12,7 +12,8 @@ import pytest
 from worker.errors import StoreError
 from worker.service import run_folder
 from worker.store.db import open_db
-from worker.store.queries import Filters, glob_to_like, query_images, run_stats
+from worker.store.queries import Filters, glob_to_like, query_images
+from worker.store.stats import run_stats
 from worker.store.schema import ImageRow
 
 
@@ -98,11 +99,11 @@ def test_stats_of_a_months_long_run_reads_every_kth_row(tmp_path: Path, monkeypa
     read, 12 s and 800 MB of RSS for 58 days of samples)."""
     from sqlalchemy.orm import Session
 
-    import worker.store.queries as queries
+    import worker.store.stats as stats_module
     from worker.store.schema import MemorySample, Run, TimingRow
 
-    monkeypatch.setattr(queries, "SAMPLE_CAP", 100)
-    monkeypatch.setattr(queries, "TIMING_CAP", 100)
+    monkeypatch.setattr(stats_module, "SAMPLE_CAP", 100)
+    monkeypatch.setattr(stats_module, "TIMING_CAP", 100)
     db = open_db(f"sqlite:///{tmp_path / 'w.db'}")
     t0 = datetime(2026, 9, 1, tzinfo=timezone.utc)
     with Session(db) as session:

@@ -21,7 +21,8 @@ from worker.store.schema import ImageRow
 def test_readers_never_see_database_locked_while_the_worker_writes(cfg, tmp_path: Path, samples: Path) -> None:
     import threading
 
-    from worker.store.queries import Filters, query_images, run_stats
+    from worker.store.queries import Filters, query_images
+    from worker.store.stats import run_stats
 
     folder = tmp_path / "in"
     folder.mkdir()

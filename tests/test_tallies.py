@@ -21,7 +21,8 @@ from worker.store import tallies
 from worker.store.db import open_db
 from worker.store.events import Finished
 from worker.store.prune import prune
-from worker.store.queries import STAGES, run_stats
+from worker.store.queries import STAGES
+from worker.store.stats import run_stats
 from worker.store.schema import ImageRow, LabelRow, ResultRow, TallyRow, TimingRow
 from worker.store.tallies import Tally, bin_ms, latency_bin, score_bin, tally
 

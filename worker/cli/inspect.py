@@ -84,7 +84,7 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
       worker stats --since 24h     # a watcher of months: its last day
     """
     from worker.store.db import database
-    from worker.store.queries import run_stats
+    from worker.store.stats import run_stats
 
     cfg = load_config(ctx, db=db)
     warm = duration_s(warmup) if warmup else cfg.metrics.warmup_s
@@ -184,7 +184,7 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
     """
     from worker.service import low_disk
     from worker.store.db import database
-    from worker.store.queries import run_health
+    from worker.store.stats import run_health
 
     cfg = load_config(ctx, db=db, inbox=inbox)
     root = None if run_id is not None else str(cfg.inbox.absolute())

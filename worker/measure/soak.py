@@ -20,7 +20,8 @@ from worker.measure.metrics import RSS_NOISE_MB, percentiles, resolvable_slope
 from worker.host.names import as_text
 from worker.service import open_pipeline
 from worker.store.db import database, sqlite_file
-from worker.store.queries import memory_so_far, run_stats, runs_over
+from worker.store.queries import runs_over
+from worker.store.stats import memory_so_far, run_stats
 
 
 @dataclass(frozen=True)

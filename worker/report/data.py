@@ -1,5 +1,5 @@
 """What a report shows, gathered with SQL aggregates (portable: SQLite and PostgreSQL): the runs and their
-`worker stats` (worker.store.queries.run_stats: one owner for the statistics), then time series by bucket,
+`worker stats` (worker.store.stats.run_stats: one owner for the statistics), then time series by bucket,
 failures by reason, labels and scores, and the images of the gallery."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, exists, ex
 
 from worker.errors import CheckInputError
 from worker.store import tallies
-from worker.store.queries import run_stats
+from worker.store.stats import run_stats
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
 
 BUCKETS = 120  # points of a time series at most

@@ -177,7 +177,7 @@ def latency(c: Connection, run_ids: Sequence[int]) -> Latency:
 
 
 def results(c: Connection, run_ids: Sequence[int]) -> dict[str, Any]:
-    """As `worker stats` gives a run's results (worker.store.queries), from the tallies."""
+    """As `worker stats` gives a run's results (worker.store.stats), from the tallies."""
     tasks = _sums(c, run_ids, Tally.RESULT)
     if not tasks:
         return {}

@@ -24,7 +24,7 @@ from worker.models.pull import pull, with_labels
 from worker.runtime.engine import Engine, wanted_providers
 from worker.runtime.model_output import ModelOutput
 from worker.store.db import database
-from worker.store.queries import run_stats
+from worker.store.stats import run_stats
 from worker.tasks import TaskAdapter, adapter_for
 from worker.tasks.preprocess import Geometry
 
