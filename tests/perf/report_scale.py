@@ -5,7 +5,8 @@
 Writes a SQLite database through the worker's own schema (its migrations) holding one run of `--days` at
 `--rate` images per second (each image done, with its timings, one label and a result row; one failed in a
 thousand) and a memory sample every `--sample-s` s, then times `worker report` on it and prints the time,
-the file's size and its peak RSS."""
+the file's size and its peak RSS, and where Chromium is installed the time headless Chromium takes to open
+the file and render it to a screenshot (its start included)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import json
 import math
 import random
 import resource
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -118,8 +120,16 @@ def main() -> None:
     took = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
     print(proc.stdout.strip() or proc.stderr[-2000:])
-    print(json.dumps({"report_s": round(took, 1), "size_kb": out.stat().st_size >> 10 if out.exists() else None,
-                      "peak_rss_mb": round(peak, 1)}))
+    figures = {"report_s": round(took, 1), "size_kb": out.stat().st_size >> 10 if out.exists() else None,
+               "peak_rss_mb": round(peak, 1)}
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser and out.exists():  # opened from the file, offline, and rendered to a screenshot
+        t0 = time.perf_counter()
+        subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                        "--window-size=1200,1600", f"--screenshot={out.with_suffix('.png')}", out.as_uri()],
+                       capture_output=True, timeout=120, check=True)
+        figures["screenshot_s"] = round(time.perf_counter() - t0, 2)
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -190,6 +190,16 @@ def _memory(c: Any, data: ReportData, ids: list[int], bucket: int, warmup_s: flo
         data.trend = ((float(sy) - slope * float(sx)) / n, slope)
 
 
+def _slowest(c: Any, rid: int, n: int) -> list[Any]:
+    """A run's n slowest done images: its slowest timings first (by the index on run and total), then
+    those of them done (a failure is timed to where it stopped)."""
+    top = (select(TimingRow.image_id, TimingRow.total_ms).where(TimingRow.run_id == rid)
+           .order_by(TimingRow.total_ms.desc()).limit(4 * n).subquery())
+    return list(c.execute(select(ImageRow.rel_path, ImageRow.run_id, top.c.total_ms)
+                          .join(top, top.c.image_id == ImageRow.id).where(ImageRow.status == "done")
+                          .order_by(top.c.total_ms.desc()).limit(n)).all())
+
+
 def _gallery(c: Any, ids: list[int], runs: list[dict[str, Any]], outbox: Path, n: int) -> dict[str, list[Pictured]]:
     roots = {r["id"]: Path(r["root"]) for r in runs}
     archives = {r["id"]: Path(str((r["config"] or {}).get("archive", ""))) for r in runs}
@@ -201,9 +211,7 @@ def _gallery(c: Any, ids: list[int], runs: list[dict[str, Any]], outbox: Path, n
         return Pictured(rel, caption, found)
 
     mine = ImageRow.run_id.in_(ids)
-    slowest = c.execute(select(ImageRow.rel_path, ImageRow.run_id, TimingRow.total_ms)
-                        .join(TimingRow, TimingRow.image_id == ImageRow.id).where(mine, ImageRow.status == "done")
-                        .order_by(TimingRow.total_ms.desc()).limit(n)).all()
+    slowest = sorted((row for rid in ids for row in _slowest(c, rid, n)), key=lambda r: -r[2])[:n]
     failed = c.execute(select(ImageRow.rel_path, ImageRow.run_id, ImageRow.error)
                        .where(mine, ImageRow.status == "failed").order_by(ImageRow.updated_at.desc()).limit(n)).all()
     done = c.execute(select(ImageRow.rel_path, ImageRow.run_id, ResultRow.score)
