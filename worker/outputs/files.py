@@ -1,6 +1,6 @@
 """Files written and moved so that no reader ever sees half of one: the atomic write (a temporary name,
-fsync, rename), the one mover of input files (verified across filesystems), names that fit, and what a
-crash left behind."""
+then a rename over the final one), the one mover of input files (verified across filesystems), names
+that fit, and what a crash left behind."""
 
 from __future__ import annotations
 
