@@ -57,6 +57,22 @@ def test_an_outcome_adds_to_its_minute_and_hour() -> None:
     assert {kind for _, kind, _ in cells} == {t.value for t in Tally}
 
 
+def test_a_window_holds_the_minutes_and_hours_that_overlap_it() -> None:
+    from worker.store.tallies import Span
+    from sqlalchemy.dialects import sqlite
+
+    def bounds(span: Span, kind: Tally) -> list[str]:
+        return [str(w.compile(dialect=sqlite.dialect(), compile_kwargs={"literal_binds": True}))
+                for w in span.where(kind)]
+
+    span = Span.of(AT, AT + timedelta(hours=2))
+    t = int(AT.timestamp())
+    # the minute that began 15 s before the window is in it; so is the hour that began 30 min 15 s before
+    assert bounds(span, Tally.OUTCOME) == [f"tallies.at > {t - 60}", f"tallies.at < {t + 7200}"]
+    assert bounds(span, Tally.LABEL) == [f"tallies.at > {t - 3600}", f"tallies.at < {t + 7200}"]
+    assert bounds(Span(), Tally.TOTAL) == []
+
+
 def test_bins_hold_a_value_within_four_percent() -> None:
     for ms in (0.011, 0.3, 1.0, 7.77, 12.5, 99.0, 4321.0, 999_000.0):
         assert abs(bin_ms(latency_bin(ms)) / ms - 1) < 0.037, ms
@@ -113,6 +129,11 @@ def test_stats_from_the_tallies_agree_with_the_rows(recorded) -> None:
             assert tallied["latency_ms"][stage][f"p{q}"] == expected, (stage, q)
             # and within the bins' width of what the rows say (where the rows' interpolation agrees)
             assert expected <= 1.04 * max(t[i] for t in timed) + 0.01
+    # a window (`stats --since`) from the tallies too: here, the whole run
+    (windowed,) = run_stats(db, run_id=run_id, warmup_s=0, since=datetime.now(timezone.utc) - timedelta(hours=1),
+                            tallied_above=0)
+    assert windowed["read_from"] == "tallies" and windowed["counts"] == rows["counts"]
+    assert windowed["latency_ms"] == tallied["latency_ms"] and windowed["results"] == tallied["results"]
     res_rows, res_tallied = rows["results"], tallied["results"]
     for key in ("task", "images", "labels", "none"):
         assert res_tallied[key] == res_rows[key], key

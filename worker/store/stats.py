@@ -35,9 +35,10 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
     by their time), of the runs that were active in it: a watcher of months asked about its last day.
     The warm-up still counts from the run's start.
 
-    A run of more than `tallied_above` outcomes, asked about as a whole, is read from its tallies
-    (worker.store.tallies; `read_from` says which): counts are outcomes as recorded, latencies to 3.7%."""
-    window = _Window(since, until)
+    A run of more than `tallied_above` outcomes (in the window) is read from its tallies (worker.store.tallies;
+    `read_from` says which): counts are outcomes as recorded, latencies to 3.7%, a window to the minute
+    (counts, total latency) and the hour (the other stages, labels, scores)."""
+    window, span = _Window(since, until), tallies.Span.of(since, until)
     with db.connect() as c:
         q = select(Run).order_by(Run.id.desc()).limit(last)
         if run_id is not None:
@@ -53,10 +54,11 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
         out = []
         for run in reversed(runs):
             rid = run["id"]
-            if since is None and until is None and tallies.tallied(c, [rid]) > tallied_above:
-                counts = {**tallies.outcomes(c, [rid]), **_in_flight(c, rid)}
-                stats = _one_run(dict(run), counts, _tallied_latency(c, rid), _samples(c, rid, window), warmup_s)
-                stats["results"] = tallies.results(c, [rid])
+            if tallies.tallied(c, [rid], span) > tallied_above:
+                counts = {**tallies.outcomes(c, [rid], span), **_in_flight(c, rid, window)}
+                stats = _one_run(dict(run), counts, _tallied_latency(c, rid, span), _samples(c, rid, window),
+                                 warmup_s, window)
+                stats["results"] = tallies.results(c, [rid], span)
                 stats["read_from"] = "tallies"
             else:
                 counts = dict(c.execute(select(ImageRow.status, func.count())
@@ -108,17 +110,18 @@ def _latency(timings: _Timings) -> _Latency:
                     {"read": len(timings.rows), "of": timings.total, "stride": timings.stride}, timings.batch_mean)
 
 
-def _tallied_latency(c: Any, rid: int) -> _Latency:
-    lat = tallies.latency(c, [rid])
+def _tallied_latency(c: Any, rid: int, span: tallies.Span) -> _Latency:
+    lat = tallies.latency(c, [rid], span)
     return _Latency(lat.by_stage, {"read": lat.images, "of": lat.images, "stride": 1,
                                    "bins_per_decade": tallies.PER_DECADE}, lat.batch_mean)
 
 
-def _in_flight(c: Any, rid: int) -> dict[str, int]:
+def _in_flight(c: Any, rid: int, window: _Window) -> dict[str, int]:
     """A run's images queued or in progress (by the index on status and run: not its every image)."""
     return dict(c.execute(select(ImageRow.status, func.count())
                           .where(ImageRow.status.in_((JobStatus.QUEUED.value, JobStatus.PROCESSING.value)),
-                                 ImageRow.run_id == rid).group_by(ImageRow.status)).all())
+                                 ImageRow.run_id == rid, *window.of(ImageRow.updated_at))
+                          .group_by(ImageRow.status)).all())
 
 
 def _timings(c: Any, rid: int, window: _Window) -> _Timings:

@@ -116,20 +116,43 @@ def upsert(insert: Any) -> Any:
 
 # reading
 
-def tallied(c: Connection, run_ids: Sequence[int]) -> int:
+@dataclass(frozen=True)
+class Span:
+    """A window of time asked about (`stats --since/--until`), in epoch s; either end open. A tally is in
+    it when its minute or hour overlaps it: the window is read to the minute (outcomes, total latency)
+    and to the hour (the other stages, labels, scores)."""
+
+    since: int | None = None
+    until: int | None = None
+
+    @classmethod
+    def of(cls, since: datetime | None, until: datetime | None) -> Span:
+        return cls(None if since is None else int(since.timestamp()), None if until is None else int(until.timestamp()))
+
+    def where(self, kind: Tally) -> list[Any]:
+        period = MINUTE if kind.value in MINUTE_TALLIES else HOUR
+        return [*([TallyRow.at > self.since - period] if self.since is not None else []),
+                *([TallyRow.at < self.until] if self.until is not None else [])]
+
+
+WHOLE = Span()
+
+
+def tallied(c: Connection, run_ids: Sequence[int], span: Span = WHOLE) -> int:
     """The outcomes tallied for the runs (0 for runs recorded before tallies were: read row by row)."""
     return int(c.execute(select(func.coalesce(func.sum(TallyRow.images), 0))
-                         .where(TallyRow.run_id.in_(run_ids), TallyRow.kind == Tally.OUTCOME.value)).scalar_one())
+                         .where(TallyRow.run_id.in_(run_ids), TallyRow.kind == Tally.OUTCOME.value,
+                                *span.where(Tally.OUTCOME))).scalar_one())
 
 
-def _sums(c: Connection, run_ids: Sequence[int], kind: Tally) -> list[Any]:
+def _sums(c: Connection, run_ids: Sequence[int], kind: Tally, span: Span = WHOLE) -> list[Any]:
     return list(c.execute(select(TallyRow.key, func.sum(TallyRow.images), func.sum(TallyRow.amount))
-                          .where(TallyRow.run_id.in_(run_ids), TallyRow.kind == kind.value)
+                          .where(TallyRow.run_id.in_(run_ids), TallyRow.kind == kind.value, *span.where(kind))
                           .group_by(TallyRow.key)).all())
 
 
-def outcomes(c: Connection, run_ids: Sequence[int]) -> dict[str, int]:
-    return {key: int(n) for key, n, _ in _sums(c, run_ids, Tally.OUTCOME)}
+def outcomes(c: Connection, run_ids: Sequence[int], span: Span = WHOLE) -> dict[str, int]:
+    return {key: int(n) for key, n, _ in _sums(c, run_ids, Tally.OUTCOME, span)}
 
 
 def last_at(c: Connection, run_ids: Sequence[int]) -> int | None:
@@ -163,29 +186,29 @@ class Latency:
     batch_mean: float | None
 
 
-def latency(c: Connection, run_ids: Sequence[int]) -> Latency:
+def latency(c: Connection, run_ids: Sequence[int], span: Span = WHOLE) -> Latency:
     bins: dict[str, dict[int, int]] = {s: {} for s in STAGES}
     images, batches = 0, 0.0
-    for key, n, amount in _sums(c, run_ids, Tally.TOTAL):
+    for key, n, amount in _sums(c, run_ids, Tally.TOTAL, span):
         bins["total_ms"][int(key)] = int(n)
         images += int(n)
         batches += float(amount)
-    for key, n, _ in _sums(c, run_ids, Tally.STAGE):
+    for key, n, _ in _sums(c, run_ids, Tally.STAGE, span):
         stage, index = key.split(" ")
         bins[stage][int(index)] = int(n)
     return Latency({s: bin_percentiles(b) for s, b in bins.items()}, images, batches / images if images else None)
 
 
-def results(c: Connection, run_ids: Sequence[int]) -> dict[str, Any]:
+def results(c: Connection, run_ids: Sequence[int], span: Span = WHOLE) -> dict[str, Any]:
     """As `worker stats` gives a run's results (worker.store.stats), from the tallies."""
-    tasks = _sums(c, run_ids, Tally.RESULT)
+    tasks = _sums(c, run_ids, Tally.RESULT, span)
     if not tasks:
         return {}
     task = max(key for key, _, _ in tasks)
     total = sum(int(n) for _, n, _ in tasks)
-    labels = sorted(((key, int(n), int(boxes)) for key, n, boxes in _sums(c, run_ids, Tally.LABEL)),
+    labels = sorted(((key, int(n), int(boxes)) for key, n, boxes in _sums(c, run_ids, Tally.LABEL, span)),
                     key=lambda r: (-r[1], r[0]))
-    scores = score_counts(c, run_ids)
+    scores = score_counts(c, run_ids, span)
     score: dict[str, float] = {}
     for q in (5, 50, 95):
         target, running = q / 100 * sum(scores), 0
@@ -203,9 +226,9 @@ def results(c: Connection, run_ids: Sequence[int]) -> dict[str, Any]:
             "none": int(sum(float(none) for _, _, none in tasks))}
 
 
-def score_counts(c: Connection, run_ids: Sequence[int]) -> list[int]:
+def score_counts(c: Connection, run_ids: Sequence[int], span: Span = WHOLE) -> list[int]:
     counts = [0] * SCORE_BINS
-    for key, n, _ in _sums(c, run_ids, Tally.SCORE):
+    for key, n, _ in _sums(c, run_ids, Tally.SCORE, span):
         counts[int(key)] += int(n)
     return counts
 
