@@ -38,8 +38,9 @@ def test_an_outcome_adds_to_its_minute_and_hour() -> None:
                      labels=((0, "person", 0.8), (0, "person", 0.6), (2, "car", 0.7)))
     empty = Finished("c.jpg", "s", 1, JobStatus.DONE, task="detect", score=0.0, timings=TIMED)
     failed = Finished("d.jpg", "s", 1, JobStatus.FAILED, error="not an image", timings={**TIMED, "total_ms": 1e4})
-    # a soak's replay: the same image twice is two outcomes
-    cells = tally([classified, classified, boxes, empty, failed], AT)
+    deferred = Finished("e.jpg", "s", 1, JobStatus.QUEUED, error="waiting for room in the outbox", undo_attempt=True)
+    # a soak's replay: the same image twice is two outcomes; an image queued again is none yet
+    cells = tally([classified, classified, boxes, empty, failed, deferred], AT)
     minute = int(AT.timestamp()) // 60 * 60
     hour = int(AT.timestamp()) // 3600 * 3600
     assert cells[(minute, "outcome", "done")] == [4, 0.0] and cells[(minute, "outcome", "failed")] == [1, 0.0]
@@ -54,7 +55,7 @@ def test_an_outcome_adds_to_its_minute_and_hour() -> None:
     assert cells[(hour, "score", "93")] == [2, 0.0] and cells[(hour, "score", "80")] == [1, 0.0]
     assert sum(n for (_, kind, _), (n, _) in cells.items() if kind == "score") == 3
     assert cells[(hour, "result", "classify")] == [2, 0.0] and cells[(hour, "result", "detect")] == [2, 1.0]
-    assert {kind for _, kind, _ in cells} == {t.value for t in Tally}
+    assert {kind for _, kind, _ in cells} == {t.value for t in Tally} and (minute, "outcome", "queued") not in cells
 
 
 def test_a_window_holds_the_minutes_and_hours_that_overlap_it() -> None:

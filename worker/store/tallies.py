@@ -74,6 +74,8 @@ def tally(outcomes: Iterable[Finished], at: datetime) -> Cells:
         cell[1] += amount
 
     for e in outcomes:
+        if e.status not in (JobStatus.DONE, JobStatus.FAILED):
+            continue  # queued again (the outbox full): not an outcome yet
         add(minute, Tally.OUTCOME, e.status.value)
         if e.status is not JobStatus.DONE:
             continue
