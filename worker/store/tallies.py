@@ -80,9 +80,10 @@ def tally(outcomes: Iterable[Finished], at: datetime) -> Cells:
         if e.status is not JobStatus.DONE:
             continue
         if e.timings is not None:
-            add(minute, Tally.TOTAL, str(latency_bin(e.timings["total_ms"])), e.timings.get("batch_size", 1))
+            total_ms, batch = e.timings.get("total_ms", 0.0), e.timings.get("batch_size", 1)
+            add(minute, Tally.TOTAL, str(latency_bin(total_ms)), batch)
             for stage in STAGES[:-1]:
-                add(hour, Tally.STAGE, f"{stage} {latency_bin(e.timings[stage])}")
+                add(hour, Tally.STAGE, f"{stage} {latency_bin(e.timings.get(stage, 0.0))}")
         if e.task is None:
             continue
         if e.task == "classify":
