@@ -3,8 +3,8 @@
 Each done or failed image costs about 2 KB of database (its row, result, labels and timings; 3.2 MB
 for 1,800 EfficientNet-Lite0 images here): a line at one image a second adds about 150 MB a day.
 Pruning deletes the images last updated before the cutoff with their results, labels and timings, the
-memory samples taken before it, the tallies of the minutes and hours before it, and the runs that ended before it with nothing left that refers to
-them. In batches of a few thousand images, each its own short transaction, so a worker writing
+memory samples taken before it, the tallies of the minutes and hours before it, and the runs that ended
+before it with nothing left that refers to them. In batches of a few thousand images, each its own short transaction, so a worker writing
 meanwhile waits at most for one batch (well within its busy timeout). Images in flight (`queued`,
 `processing`) are never pruned. What is pruned is forgotten: `worker run` on a folder whose images
 were pruned processes them again.
@@ -39,8 +39,8 @@ def _prunable(before: datetime) -> Any:
 
 def prune(db: Engine, before: datetime, batch: int = BATCH) -> Pruned:
     """Delete the done and failed images last updated before `before` (with their rows in the tables
-    that refer to them), the memory samples taken before it, the tallies of the minutes and hours before it, and the runs that ended before it and are
-    no longer referred to."""
+    that refer to them), the memory samples taken before it, the tallies of the minutes and hours before
+    it, and the runs that ended before it and are no longer referred to (with their tallies)."""
     # every statement writes (no read first): on SQLite a transaction that read, then writes after the
     # recorder committed, fails at once ("database is locked") instead of waiting its busy timeout
     chosen = select(ImageRow.id).where(_prunable(before)).order_by(ImageRow.id).limit(batch)
