@@ -4,10 +4,10 @@ Each done or failed image costs about 2 KB of database (its row, result, labels 
 for 1,800 EfficientNet-Lite0 images here): a line at one image a second adds about 150 MB a day.
 Pruning deletes the images last updated before the cutoff with their results, labels and timings, the
 memory samples taken before it, the tallies of the minutes and hours before it, and the runs that ended
-before it with nothing left that refers to them. In batches of a few thousand images, each its own
-short transaction, so a worker writing meanwhile waits at most for one batch (well within its busy
-timeout). Images in flight (`queued`, `processing`) are never pruned. What is pruned is forgotten: `worker run` on a folder whose images
-were pruned processes them again.
+before it with nothing left that refers to them. In batches of a few thousand images, each its own short
+transaction, so a worker writing meanwhile waits at most for one batch (well within its busy timeout).
+Images in flight (`queued`, `processing`) are never pruned. What is pruned is forgotten: `worker run` on
+a folder whose images were pruned processes them again.
 """
 
 from __future__ import annotations
