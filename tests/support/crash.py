@@ -96,6 +96,8 @@ def kill_rounds(conf: Path, args: list[str], rounds: int, rng: random.Random) ->
 def check_outcome(tmp: Path, rels: list[str]) -> None:
     with contextlib.closing(sqlite3.connect(tmp / "worker.db")) as c:
         rows = c.execute("select rel_path, status, attempts, error from images").fetchall()
+        tallied = c.execute("select coalesce(sum(images), 0) from tallies where kind = 'outcome' and key = 'done'"
+                            ).fetchone()[0]
     by_rel: dict[str, list] = {}
     for r in rows:
         by_rel.setdefault(r[0], []).append(r)
@@ -113,3 +115,5 @@ def check_outcome(tmp: Path, rels: list[str]) -> None:
     assert outs == expected, ("exactly one complete outcome per input: results when done, the reason when failed; "
                               f"extra {sorted(set(outs) - set(expected))}, missing {sorted(set(expected) - set(outs))}")
     assert not [p for p in tmp.rglob(".tmp-*")], "no temporary files remain"
+    # each image's outcome was committed once, with its tally in the same transaction, whatever was killed
+    assert tallied == sum(1 for (_, status, _, _), in by_rel.values() if status == "done"), tallied
