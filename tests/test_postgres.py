@@ -25,6 +25,7 @@ from tests.conftest import wait_for
 from worker.service import run_folder
 from worker.store.db import open_db
 from worker.store.health import RunState
+from worker.report.make import write_report
 from worker.store import tallies
 from worker.store.queries import Filters, other_roots, query_images
 from worker.store.stats import run_health, run_stats
@@ -144,6 +145,10 @@ def test_run_records_and_resumes_on_postgresql(cfg, tmp_path: Path, samples: Pat
         assert sum(d for _, d, _ in per_minute) == 3 and sum(sum(b.values()) for b in latency_bins.values()) == 3
         (stats,) = run_stats(db, run_id=second.run_id, warmup_s=0)
         assert stats["counts"] == {"failed": 1} and stats["health"]["state"] == "finished"
+        # `worker report`'s SQL (epoch buckets, the tallies, the gallery's slowest by run and total) there too
+        written = write_report(pg_url, tmp_path / "report.html", c.outbox, last=2)
+        page = (tmp_path / "report.html").read_text()
+        assert written.runs == (first.run_id, second.run_id) and written.images == 4 and "chelsea.png" in page
         # a window (`stats --since`) and `query`'s rows, their documents from JSONB, there too
         assert [st["run"] for st in run_stats(db, since=utcnow() - timedelta(hours=1))] == [first.run_id,
                                                                                            second.run_id]

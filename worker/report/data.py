@@ -173,10 +173,11 @@ def _memory(c: Any, data: ReportData, ids: list[int], bucket: int, warmup_s: flo
     sums in SQL: no sample is fetched)."""
     mine = MemorySample.run_id.in_(ids)
     at = cast(extract("epoch", MemorySample.at), BigInteger)
+    by = at // bucket  # one expression (one parameter) in SELECT and GROUP BY: PostgreSQL matches them so
     data.memory = [(int(b) * bucket, float(rss) / 2**20, None if gpu is None else float(gpu) / 2**20)
-                   for b, rss, gpu in c.execute(select(at // bucket, func.avg(MemorySample.rss_bytes),
+                   for b, rss, gpu in c.execute(select(by, func.avg(MemorySample.rss_bytes),
                                                        func.avg(MemorySample.gpu_bytes))
-                                                .where(mine).group_by(at // bucket).order_by(at // bucket))]
+                                                .where(mine).group_by(by).order_by(by))]
     first = c.execute(select(func.min(at)).where(mine)).scalar()
     if first is None:
         return
