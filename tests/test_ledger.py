@@ -177,3 +177,39 @@ def test_two_runs_of_one_folder_share_the_work(effnet_onnx: Path, tmp_path: Path
     assert len(rows) == 300 and not odd and results == 300, (odd, [err for _, err in outs])
     done = [int(re.search(r"done (\d+),", out)[1]) for out, _ in outs]
     assert sum(done) == 300, (done, outs)  # before the claim yielded to a row done meanwhile: up to 302 here
+
+
+def test_one_query_per_path_answers_both_checks_as_their_own_queries(tmp_path: Path) -> None:
+    """A file about to be read is asked about once (`on_record`): its stamp check and its content check
+    from those rows say what each check's own query says, with several contents of one path on record,
+    stamps under this folder and another, and paths or contents never seen."""
+    from worker.intake.jobs import JobStatus
+    from worker.store.ledger import Ledger
+    from worker.store.recorder import Claimed, Commit, Finished, Recorder, RunInfo
+
+    db = open_db(f"sqlite:///{tmp_path / 'o.db'}")
+    for root, content, stamp in (("/in", "a", "1:1:1"), ("/in", "b", "2:2:2"), ("/other", "c", "3:3:3")):
+        rec = Recorder(db, RunInfo("run", root, "m", "f" * 64, "cpu", {}))
+        committed = Commit()
+        rec.put(Claimed("x.png", content * 64, 10, committed, stamp=stamp))
+        if content != "b":  # b is left in flight
+            rec.put(Finished("x.png", content * 64, 10, JobStatus.FAILED if content == "c" else JobStatus.DONE,
+                             error="bad" if content == "c" else None))
+        rec.close()
+        assert committed.wait(5)
+    ledger = Ledger(db, "m", "/in")
+    try:
+        for rel in ("x.png", "y.png"):
+            found = ledger.on_record(rel)
+            assert found is not None and len(found.rows) == (3 if rel == "x.png" else 0)
+            for content in "abcd":
+                assert ledger.check(rel, content * 64, found) == ledger.check(rel, content * 64)
+            for size, stamp in ((10, "1:1:1"), (10, "2:2:2"), (10, "3:3:3"), (11, "1:1:1"), (10, "9:9:9")):
+                assert ledger.check_stamp(rel, size, stamp, found) == ledger.check_stamp(rel, size, stamp)
+        found = ledger.on_record("x.png")
+        assert found is not None and ledger.check_stamp("x.png", 10, "1:1:1", found).status == "done"
+        assert ledger.check_stamp("x.png", 10, "3:3:3", found) is None  # recorded under another folder
+        assert ledger.check("x.png", "b" * 64, found).status == "processing"
+    finally:
+        ledger.close()
+        db.dispose()

@@ -111,6 +111,7 @@ class PrepareStage(StageState):
             return False
         if job.path.is_symlink():  # never followed: it could point anywhere on the machine
             raise ImageError(job.key, "symbolic link: not followed (copy the file into the folder instead)")
+        on_record = None if self.settings.replay else self._ledger.on_record(job.key)  # both checks, one query
         try:
             # O_NONBLOCK: a named pipe (or device) with an image's name must not block this thread on open;
             # O_NOFOLLOW: a symbolic link put there since the check above is refused too
@@ -127,7 +128,8 @@ class PrepareStage(StageState):
                                                  f"limit takes ({self._bytes_per_pixel} bytes x pipeline.max_pixels)")
                 item.identity = (st.st_ino, st.st_size, st.st_mtime_ns)
                 stamp = stamp_of(st)
-                if stamp is not None and not self.settings.replay and self._ledger.done_as_read(job.key, st.st_size, stamp):
+                if stamp is not None and not self.settings.replay and \
+                        self._ledger.done_as_read(job.key, st.st_size, stamp, on_record):
                     item.skipped = item.unread = True
                     return False
                 if pages > 1:
@@ -146,7 +148,8 @@ class PrepareStage(StageState):
         if item.data is not None:
             item.sha256, item.size = hashlib.sha256(item.data).hexdigest(), len(item.data)
         decision = Decision(skip=False, redo=True) if self.settings.replay else \
-            self._ledger.decide(job.key, item.sha256, lambda: item.source is None and frames(item.data or b"") == 1)
+            self._ledger.decide(job.key, item.sha256, lambda: item.source is None and frames(item.data or b"") == 1,
+                                on_record)
         if decision.skip:
             item.skipped, item.data = True, None
             if stamp is not None:  # read under a new stamp (touched, or done before stamps): note it

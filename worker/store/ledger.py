@@ -51,6 +51,28 @@ _BY_STAMP = (select(*_KNOWN)
              .order_by(ImageRow.updated_at.desc()))  # the latest first (fetchone)
 
 
+# every version of one path's content on record for the model, with what both checks compare: the
+# stamp check and the content check of a new file answered from one query
+_ON_RECORD = (select(ImageRow.sha256, ImageRow.size, ImageRow.stamp, Run.root, ImageRow.updated_at, *_KNOWN)
+              .join(Run, Run.id == ImageRow.run_id, isouter=True)
+              .where(ImageRow.rel_path == bindparam("rel"), ImageRow.model == bindparam("model")))
+
+
+@dataclass(frozen=True)
+class OnRecord:
+    """What the database held for one path and model when it was asked (`Ledger.on_record`)."""
+
+    rows: tuple[tuple[Any, ...], ...]  # sha256, size, stamp, root, updated_at, then Known's fields
+
+    def by_content(self, sha256: str) -> Known | None:
+        return next((Known(*r[5:]) for r in self.rows if r[0] == sha256), None)
+
+    def by_stamp(self, size: int, stamp: str, root: str) -> Known | None:
+        """The latest row read under this size and stamp in a run over `root` (as _BY_STAMP finds it)."""
+        same = [r for r in self.rows if r[1] == size and r[2] == stamp and r[3] == root]
+        return Known(*max(same, key=lambda r: r[4])[5:]) if same else None
+
+
 # a file changed less than this long ago gets no stamp: file times tick coarsely (a few ms on ext4, 1 s or
 # 2 s on some filesystems), so a write in the same tick as the read would leave the stamp as it was
 # (git's "racily clean" index entries); such a file is read next time, and stamped then
@@ -96,29 +118,52 @@ class Ledger:
         self.engine, self.model, self.root = engine, model, root
         self._shared = shared
         self.done = done
-        self._sql = {name: _compiled(stmt, engine) for name, stmt in (("content", _LOOKUP), ("stamp", _BY_STAMP))}
+        self._sql = {name: _compiled(stmt, engine) for name, stmt in (("content", _LOOKUP), ("stamp", _BY_STAMP),
+                                                                      ("path", _ON_RECORD))}
         self._local = threading.local()
         self._lock = threading.Lock()
         self._conns: list[Any] = []
         self._outboxes: dict[int, str | None] = {}  # run id -> its outbox (a dict's get and set: thread-safe)
 
-    def check(self, rel: str, sha256: str) -> Known | None:
+    def on_record(self, rel: str) -> OnRecord | None:
+        """Every content of this path on record for the model, asked once for both checks of a file
+        about to be read (`check_stamp`, then `check`); None when the database cannot say (then each
+        check asks for itself)."""
+        sql, order = self._sql["path"]
+        params = {"rel": rel, "model": self.model}
+        try:
+            rows = self._fetch_all(sql, tuple(params[k] for k in order) if order else params)
+        except Exception as e:
+            if not database_wide(e):
+                raise
+            log.debug("ledger check of %s: the database cannot say (%s)", rel, e)
+            if self._shared is None:
+                self._drop_connection()
+            return None
+        return OnRecord(tuple(tuple(r) for r in rows))
+
+    def check(self, rel: str, sha256: str, on_record: OnRecord | None = None) -> Known | None:
         """What the database says of this image; None when nothing, or when the database cannot say
         (down: then the image is processed as new, and its claim waits in the recorder until the
         database is back, so only the few images claimed meanwhile skip this check)."""
+        if on_record is not None:
+            return on_record.by_content(sha256)
         return self._lookup("content", rel, {"rel": rel, "sha": sha256, "model": self.model})
 
-    def check_stamp(self, rel: str, size: int, stamp: str) -> Known | None:
+    def check_stamp(self, rel: str, size: int, stamp: str, on_record: OnRecord | None = None) -> Known | None:
         """What the database says of the content last read from this file, if the file's size and stamp
         are still those of that read, under this run's root; None otherwise (then read it and `check`)."""
+        if on_record is not None:
+            return on_record.by_stamp(size, stamp, self.root)
         return self._lookup("stamp", rel, {"rel": rel, "model": self.model, "size": size, "stamp": stamp,
                                            "root": self.root})
 
-    def decide(self, rel: str, sha256: str, one_page: Callable[[], bool]) -> Decision:
+    def decide(self, rel: str, sha256: str, one_page: Callable[[], bool],
+               on_record: OnRecord | None = None) -> Decision:
         """Claim this image, or skip it? Done with this model file and card settings into this outbox:
         skipped. A file of one page done under the other pipeline.pages setting (`one_page()`, asked only
         then) has the same result: skipped too. Done otherwise: claimed again (`redo`)."""
-        known = self.check(rel, sha256)
+        known = self.check(rel, sha256, on_record)
         if known is None or known.status != JobStatus.DONE.value:
             return Decision(skip=False, known=known)
         if not self._same_outbox(known):  # its outputs are elsewhere: done again, into this outbox
@@ -128,11 +173,11 @@ class Ledger:
             return Decision(skip=True, known=known)
         return Decision(skip=False, redo=True)  # another model file (retrained) or card settings
 
-    def done_as_read(self, rel: str, size: int, stamp: str) -> bool:
+    def done_as_read(self, rel: str, size: int, stamp: str, on_record: OnRecord | None = None) -> bool:
         """Whether this file, unchanged since the read whose content was processed, is done with this
         model's file into this outbox: then it need not be read (a rerun over a big folder, a restart with
         inputs kept)."""
-        known = self.check_stamp(rel, size, stamp)
+        known = self.check_stamp(rel, size, stamp, on_record)
         return known is not None and known.status == JobStatus.DONE.value and self._same_model(known) \
             and self._same_outbox(known)
 
@@ -181,18 +226,22 @@ class Ledger:
 
     def _fetch_one(self, sql: str, values: Any) -> Any:
         """The statement's first row, on the shared connection or this thread's own."""
+        rows = self._fetch_all(sql, values)
+        return rows[0] if rows else None
+
+    def _fetch_all(self, sql: str, values: Any) -> list[Any]:
+        """The statement's rows, on the shared connection or this thread's own."""
         if self._shared is not None:
-            rows = self._shared.run(sql, values)
-            return rows[0] if rows else None
+            return list(self._shared.run(sql, values))
         conn = self._connection()
         cur = conn.cursor()
         try:
             cur.execute(sql, values)
-            row = cur.fetchone()
+            rows = cur.fetchall()
         finally:
             cur.close()
         conn.rollback()  # end the read transaction some drivers open (PostgreSQL); a no-op on SQLite
-        return row
+        return list(rows)
 
     def _drop_connection(self) -> None:
         conn = getattr(self._local, "conn", None)
