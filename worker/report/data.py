@@ -9,12 +9,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, exists, extract, func, or_, select
+from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, extract, func, select
 
 from worker.errors import CheckInputError
 from worker.store import tallies
-from worker.store.stats import run_stats
-from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow
+from worker.store.stats import SCORED, run_stats
+from worker.store.schema import ImageRow, MemorySample, ResultRow, Run, TimingRow
 
 BUCKETS = 120  # points of a time series at most
 NICE_S = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 21600, 43200, 86400)
@@ -150,10 +150,8 @@ def _series(c: Any, ids: list[int], bucket: int, images: int) -> tuple[list[tupl
 def _score_bins(c: Any, ids: list[int], stride: int) -> list[int]:
     sampled = ImageRow.run_id.in_(ids) if stride == 1 else and_(ImageRow.run_id.in_(ids), ImageRow.id % stride == 0)
     score_bin = cast(ResultRow.score * SCORE_BINS, Integer)
-    # as `worker stats` reads them: a classifier's every image, a detector's or segmenter's that found something
-    scored = or_(ResultRow.task == "classify", exists().where(LabelRow.image_id == ResultRow.image_id))
     scores = dict(c.execute(select(score_bin, func.count()).join(ImageRow, ImageRow.id == ResultRow.image_id)
-                            .where(sampled, ImageRow.status == "done", scored).group_by(score_bin)).all())
+                            .where(sampled, ImageRow.status == "done", SCORED).group_by(score_bin)).all())
     return [stride * (int(scores.get(i, 0)) + (int(scores.get(SCORE_BINS, 0)) if i == SCORE_BINS - 1 else 0))
             for i in range(SCORE_BINS)]
 

@@ -48,7 +48,7 @@ _BY_STAMP = (select(*_KNOWN)
              .where(ImageRow.rel_path == bindparam("rel"), ImageRow.model == bindparam("model"),
                     ImageRow.size == bindparam("size"), ImageRow.stamp == bindparam("stamp"),
                     Run.root == bindparam("root"))
-             .order_by(ImageRow.updated_at.desc()))  # the latest first (fetchone)
+             .order_by(ImageRow.updated_at.desc()))  # the latest first (its first row is the answer)
 
 
 # every version of one path's content on record for the model, with what both checks compare: the
@@ -129,18 +129,8 @@ class Ledger:
         """Every content of this path on record for the model, asked once for both checks of a file
         about to be read (`check_stamp`, then `check`); None when the database cannot say (then each
         check asks for itself)."""
-        sql, order = self._sql["path"]
-        params = {"rel": rel, "model": self.model}
-        try:
-            rows = self._fetch_all(sql, tuple(params[k] for k in order) if order else params)
-        except Exception as e:
-            if not database_wide(e):
-                raise
-            log.debug("ledger check of %s: the database cannot say (%s)", rel, e)
-            if self._shared is None:
-                self._drop_connection()
-            return None
-        return OnRecord(tuple(tuple(r) for r in rows))
+        rows = self._rows("path", rel, {"rel": rel, "model": self.model})
+        return None if rows is None else OnRecord(tuple(tuple(r) for r in rows))
 
     def check(self, rel: str, sha256: str, on_record: OnRecord | None = None) -> Known | None:
         """What the database says of this image; None when nothing, or when the database cannot say
@@ -211,10 +201,14 @@ class Ledger:
             self._drop_connection()
 
     def _lookup(self, which: str, rel: str, params: dict[str, Any]) -> Known | None:
+        rows = self._rows(which, rel, params)
+        return Known(*rows[0]) if rows else None
+
+    def _rows(self, which: str, rel: str, params: dict[str, Any]) -> list[Any] | None:
+        """The rows of statement `which` for `rel`; None when the database cannot say."""
         sql, order = self._sql[which]
-        values = tuple(params[k] for k in order) if order else params
         try:
-            row = self._fetch_one(sql, values)
+            return self._fetch_all(sql, tuple(params[k] for k in order) if order else params)
         except Exception as e:
             if not database_wide(e):
                 raise
@@ -222,12 +216,6 @@ class Ledger:
             if self._shared is None:
                 self._drop_connection()  # broken, perhaps (a server restart): the next check connects anew
             return None  # (the shared connection drops itself)
-        return Known(*row) if row else None
-
-    def _fetch_one(self, sql: str, values: Any) -> Any:
-        """The statement's first row, on the shared connection or this thread's own."""
-        rows = self._fetch_all(sql, values)
-        return rows[0] if rows else None
 
     def _fetch_all(self, sql: str, values: Any) -> list[Any]:
         """The statement's rows, on the shared connection or this thread's own."""

@@ -138,6 +138,11 @@ def _timings(c: Any, rid: int, window: _Window) -> _Timings:
     return _Timings(c.execute(q).all(), total, stride, float(batch_mean) if batch_mean is not None else None)
 
 
+# the results whose score says something: a classifier's every one, a detector's or segmenter's where it
+# found something (the others' 0 says nothing); the tallies count the same (worker.store.tallies.tally)
+SCORED = or_(ResultRow.task == "classify", exists().where(LabelRow.image_id == ResultRow.image_id))
+
+
 def _results(c: Any, rid: int, window: _Window) -> dict[str, Any]:
     """What the run's done images held: the task; per label, most first, the images naming it (a
     classifier's top label; a detector's boxes' classes, with the boxes; a segmenter's classes present);
@@ -151,9 +156,7 @@ def _results(c: Any, rid: int, window: _Window) -> dict[str, Any]:
     if not total:
         return {}
     stride = max(1, -(-total // TIMING_CAP))
-    q = select(ResultRow.score).join(ImageRow, ImageRow.id == ResultRow.image_id).where(*done)
-    if task != "classify":  # of the images where something was found: the others' 0 says nothing
-        q = q.where(exists().where(LabelRow.image_id == ResultRow.image_id))
+    q = select(ResultRow.score).join(ImageRow, ImageRow.id == ResultRow.image_id).where(*done, SCORED)
     scores = c.execute(q.where(ResultRow.image_id % stride == 0) if stride > 1 else q).scalars().all()
     if task == "classify":  # its top label, as `query` gives it: the top-k's best; one each, when any
         top = (select(LabelRow.name).where(LabelRow.image_id == ImageRow.id)

@@ -13,7 +13,7 @@ import math
 from bisect import bisect_left
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from sqlalchemy import Connection, bindparam, func, select
 
@@ -165,21 +165,23 @@ def last_at(c: Connection, run_ids: Sequence[int]) -> int | None:
     return None if at is None else int(at) + MINUTE
 
 
-def bin_percentiles(counts: dict[int, int], qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
-    """Percentiles of binned latencies: the value of the bin where each is reached."""
+def _reached(counts: dict[int, int], qs: Sequence[float], value: Callable[[int], float]) -> dict[str, float]:
+    """Percentiles of binned values: `value` of the bin where each is reached (nan with no count)."""
     total = sum(counts.values())
-    out = {}
+    out = {f"p{int(q)}": float("nan") for q in qs}
     for q in qs:
-        if not total:
-            out[f"p{int(q)}"] = float("nan")
-            continue
         running = 0
-        for index in sorted(counts):
+        for index in sorted(i for i, n in counts.items() if n):
             running += counts[index]
             if running >= q / 100 * total:
-                out[f"p{int(q)}"] = bin_ms(index)
+                out[f"p{int(q)}"] = value(index)
                 break
     return out
+
+
+def bin_percentiles(counts: dict[int, int], qs: Sequence[float] = (50, 95, 99)) -> dict[str, float]:
+    """Percentiles of binned latencies: the value of the bin where each is reached."""
+    return _reached(counts, qs, bin_ms)
 
 
 @dataclass(frozen=True)
@@ -212,16 +214,7 @@ def results(c: Connection, run_ids: Sequence[int], span: Span = WHOLE) -> dict[s
     labels = sorted(((key, int(n), int(boxes)) for key, n, boxes in _sums(c, run_ids, Tally.LABEL, span)),
                     key=lambda r: (-r[1], r[0]))
     scores = score_counts(c, run_ids, span)
-    score: dict[str, float] = {}
-    for q in (5, 50, 95):
-        target, running = q / 100 * sum(scores), 0
-        for index, n in enumerate(scores):
-            running += n
-            if running >= target and n:
-                score[f"p{q}"] = round((index + 0.5) / SCORE_BINS, 4)
-                break
-        else:
-            score[f"p{q}"] = float("nan")
+    score = _reached(dict(enumerate(scores)), (5, 50, 95), lambda index: round((index + 0.5) / SCORE_BINS, 4))
     return {"task": task, "images": total, "score": score,
             "scores_read": {"read": sum(scores), "bins": SCORE_BINS},
             "labels": [{"name": name, "images": n, **({"boxes": boxes} if task == "detect" else {})}
