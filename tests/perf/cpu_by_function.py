@@ -66,6 +66,7 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=3000)
     ap.add_argument("--seconds", type=float, default=5.0, help="how long perf samples, mid-run")
     ap.add_argument("--top", type=int, default=8, help="functions shown per kind of thread")
+    ap.add_argument("--models-dir", type=Path, help="another folder of cards (tests/perf/feed.py makes a stand-in's)")
     args = ap.parse_args()
     if not getattr(sys, "is_stack_trampoline_active", lambda: False)():
         sys.exit("start it with Python 3.12 or newer and -X perf (python3.13 -X perf tests/perf/cpu_by_function.py)")
@@ -75,7 +76,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="worker-cpu-by-function-"))
     corpus = work / "corpus"
     make_corpus(fetch_samples(cfg.cache_dir), args.width, args.images, corpus)
-    cfg = dataclasses.replace(cfg, model=args.model, outbox=work / "out", db=f"sqlite:///{work}/worker.db")
+    cfg = dataclasses.replace(cfg, model=args.model, outbox=work / "out", db=f"sqlite:///{work}/worker.db",
+                              models_dir=args.models_dir or cfg.models_dir)
 
     finished: list[float] = []  # time.monotonic() of each image done: counted within perf's first and last sample
     started = threading.Event()

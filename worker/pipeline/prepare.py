@@ -24,10 +24,12 @@ from worker.pipeline.state import StageState
 log = logging.getLogger("worker.pipeline")
 
 
-# a decode thread claims up to this many waiting jobs (and bytes) ahead of decoding: enough that a
-# busy pipeline's claims share transactions (see recorder.GROUP_S) and no thread waits for a commit
-CLAIM_AHEAD = 4
-CLAIM_AHEAD_BYTES = 64 << 20
+# a decode thread claims up to this many waiting jobs (and bytes) ahead of decoding: enough that the
+# oldest one's claim was committed by the recorder's own gathering (recorder.GROUP_S) before the thread
+# reaches it (with 4 they waited on commits a fifth of their time and hurried the recorder
+# into small transactions: docs/performance.md, Claims ahead)
+CLAIM_AHEAD = 32
+CLAIM_AHEAD_BYTES = 8 << 20  # about 13 JPEGs of 1920 px, which take long enough to decode
 # a file bigger than this many bytes per allowed pixel (16-bit RGBA, uncompressed; twice that for a card
 # of depth 32, whose files may hold 32-bit samples) is refused unread: reading it whole would cost its
 # size in memory on each decode thread. A TIFF of several pages is not read whole but page by page.
@@ -60,7 +62,7 @@ class PrepareStage(StageState):
         ahead: deque[Item] = deque()  # claimed, waiting for the claim's commit, then decoding
         stopping = False
         while ahead or not stopping:
-            # claim the jobs that are waiting (up to CLAIM_AHEAD, and 64 MiB) before decoding the oldest:
+            # claim the jobs that are waiting (up to CLAIM_AHEAD, and 8 MiB) before decoding the oldest:
             # their claims then share one transaction; block for a job only when nothing is claimed
             while not stopping and len(ahead) < CLAIM_AHEAD and sum(i.held for i in ahead) < CLAIM_AHEAD_BYTES:
                 if self._outbox_pause.full:
