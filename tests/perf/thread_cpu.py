@@ -30,6 +30,7 @@ from worker.pipeline import prepare
 from worker.store import events
 from worker.measure.bench.corpus import make_corpus
 from worker.measure.samples import fetch_samples
+from worker.runtime.engine import default_threads
 from worker.service import run_folder
 
 TICK = os.sysconf("SC_CLK_TCK")
@@ -64,8 +65,7 @@ def count_commit_waits() -> list[float]:
     return total
 
 
-def cfg_decode_threads(cfg: config.Config) -> int:
-    from worker.runtime.engine import default_threads
+def decode_threads(cfg: config.Config) -> int:
     return cfg.pipeline.decode_workers or default_threads()[0]
 
 
@@ -126,7 +126,7 @@ def main() -> None:
     for kind, (cpu, sleeps, preempted) in sorted(per_kind.items(), key=lambda kv: -kv[1][0]):
         print(f"  {kind:20s} {cpu / n * 1000:6.2f} {sleeps / n:7.1f} {preempted / n:10.1f}")
     print(f"  the decode threads waited {commit_waits[0]:.2f} s for their claims' commits, "
-          f"{commit_waits[0] / (wall * cfg_decode_threads(cfg)):.0%} of their time "
+          f"{commit_waits[0] / (wall * decode_threads(cfg)):.0%} of their time "
           f"({prepare.CLAIM_AHEAD} claims ahead each)")
     print(f"(outputs left in {work})")
 
