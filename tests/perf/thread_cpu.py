@@ -104,7 +104,7 @@ def main() -> None:
                     if (cpu := thread_cpu_s(t.native_id)) is not None:
                         last[t.native_id] = (t.name, cpu)
 
-    sampler = threading.Thread(target=sample, name="sampler")
+    sampler = threading.Thread(target=sample, name="sampler", daemon=True)  # a failed run must not hang here
     sampler.start()
     t0, p0 = time.perf_counter(), time.process_time()
     summary = run_folder(cfg, corpus)
