@@ -60,11 +60,12 @@ class PrepareStage(StageState):
 
     def _prepare_loop(self) -> None:
         ahead: deque[Item] = deque()  # claimed, waiting for the claim's commit, then decoding
+        held = 0  # bytes of their files that those hold
         stopping = False
         while ahead or not stopping:
             # claim the jobs that are waiting (up to CLAIM_AHEAD, and 8 MiB) before decoding the oldest:
             # their claims then share one transaction; block for a job only when nothing is claimed
-            while not stopping and len(ahead) < CLAIM_AHEAD and sum(i.held for i in ahead) < CLAIM_AHEAD_BYTES:
+            while not stopping and len(ahead) < CLAIM_AHEAD and held < CLAIM_AHEAD_BYTES:
                 if self._outbox_pause.full:
                     if ahead:
                         break  # decode what is claimed first
@@ -82,7 +83,9 @@ class PrepareStage(StageState):
                     stopping = True
                 elif (item := self._guarded(Item(job), self._claim)) is not None:
                     ahead.append(item)
+                    held += item.held
             if ahead:
+                held -= ahead[0].held
                 if (item := self._guarded(ahead.popleft(), self._decode)) is not None:
                     self._prepared.put(item)
                     if item.book is not None:
