@@ -137,8 +137,8 @@ class PrepareStage(StageState):
                         self._ledger.done_as_read(job.key, st.st_size, stamp, on_record):
                     item.skipped = item.unread = True
                     return False
+                f.seek(0)  # tiff_pages read its directories: the hash and the data start at the first byte
                 if pages > 1:
-                    f.seek(0)
                     item.sha256, item.size, item.pages = hashlib.file_digest(f, "sha256").hexdigest(), st.st_size, pages
                     item.source = os.fdopen(os.dup(f.fileno()), "rb")  # open until its pages are decoded
                 else:

@@ -1,0 +1,57 @@
+"""The prepare stage's reading of files: files larger than the size over which a TIFF's pages are counted
+(PAGES_FROM_DISK_BYTES) are read from their first byte, in every format the worker reads."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+from PIL import Image
+
+from tests.conftest import image_rows
+from worker.pipeline.prepare import PAGES_FROM_DISK_BYTES
+from worker.service import run_folder
+
+
+def _big_files(folder: Path) -> dict[str, tuple[int, int]]:
+    """One valid file over PAGES_FROM_DISK_BYTES in each format (noise, which no codec shrinks); name -> (w, h)."""
+    rng = np.random.default_rng(0)
+    noise = rng.integers(0, 256, (4900, 4900, 3), dtype=np.uint8)  # 72 MB of pixels
+    tall = np.concatenate([noise, noise[:3000]])  # a JPEG of noise at quality 100 takes ~0.9 byte per value
+    writers = {
+        "scan.bmp": lambda p: cv2.imwrite(str(p), noise),
+        "scan.png": lambda p: cv2.imwrite(str(p), noise, [cv2.IMWRITE_PNG_COMPRESSION, 0]),
+        "scan.jpg": lambda p: cv2.imwrite(str(p), tall, [cv2.IMWRITE_JPEG_QUALITY, 100]),
+        "scan.tif": lambda p: cv2.imwrite(str(p), noise),
+        "scan.webp": lambda p: Image.fromarray(noise).save(p, lossless=True, method=0, quality=0),
+        "scan.gif": lambda p: Image.fromarray(rng.integers(0, 256, (9000, 8200), dtype=np.uint8), "L").save(p),
+    }
+    sizes = {}
+    for name, write in writers.items():
+        write(folder / name)
+        assert (folder / name).stat().st_size > PAGES_FROM_DISK_BYTES, name
+        with Image.open(folder / name) as im:
+            sizes[name] = im.size
+    return sizes
+
+
+def test_files_over_64_mib_are_read_whole(cfg, effnet_onnx, tmp_path: Path) -> None:
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    sizes = _big_files(folder)
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0")
+    summary = run_folder(cfg, folder)
+    assert summary.figures["done"] == len(sizes), summary.figures
+    rows = image_rows(cfg)
+    for name, (width, height) in sizes.items():
+        data = (folder / name).read_bytes()
+        assert rows[name].status == "done", (name, rows[name].error)
+        assert rows[name].sha256 == hashlib.sha256(data).hexdigest(), name
+        result = json.loads((cfg.outbox / f"{name}.json").read_text())
+        assert result["sha256"] == rows[name].sha256
+        assert result["image"] == {"width": width, "height": height}, name
+
