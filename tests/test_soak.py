@@ -5,6 +5,7 @@ next one's trend."""
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -85,7 +86,7 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
                        out.stderr, re.M)
     assert len(going) >= 3 and int(going[-1][0]) > int(going[0][0]) and going[-1][1].endswith(" MB/h"), out.stderr
     # its own outbox and database, in a new folder beside the config's outbox; `worker stats` there counts
-    # the soak's images as processed, not its 4 image rows (a soak replays them)
+    # every replay (the soak's tallies), not its 4 image rows
     m = re.search(r"^soak run (\d+): (\d+) images in ([\d.]+) s", out.output, re.M)
     assert m is not None, out.output
     (db,) = re.findall(r"its figures: worker stats --db (\S+) --run " + m[1], out.stdout)
@@ -93,7 +94,7 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
     assert not (conf.parent / "w.db").exists() and not (conf.parent / "out").exists()
     stats = CliRunner().invoke(cli, ["--config", str(conf), "stats", "--db", db, "--run", m[1], "--format", "json"])
     (run,) = json.loads(stats.output)
-    assert run["counts"] == {"done": 4} and int(m[2]) > 40
+    assert run["counts"] == {"done": int(m[2])} and run["read_from"] == "tallies" and int(m[2]) > 40
     rate = int(m[2]) / float(m[3])  # the soak's own figure; the run's span differs by its start and stop
     assert rate / 2 < run["images_per_s"] < rate * 1.2
     # its report beside it, in its outbox: the soak's run, its verdict first, its memory samples drawn
@@ -102,12 +103,23 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
     assert Path(report) == Path(db[len("sqlite:///"):]).parent / "outbox" / "soak-report.html"
     data = json.loads(re.search(r'id="report-data">(.*?)</script>', page, re.S)[1])
     verdict = re.search(r"verdict: (PASS|FAIL|INCONCLUSIVE)", out.stdout)[1]
-    assert data["runs"] == [int(m[1])] and data["verdict"].startswith(verdict) and len(data["memory_mb"]) >= 3
+    assert data["runs"] == [int(m[1])] and data["verdict"].startswith(verdict) and len(data["memory_mb"][m[1]]) >= 3
     assert f"soak verdict: {verdict}" in page
+    # the report counts what the soak counted: every replay, by the minute, and its rate
+    assert data["images"] == {"done": int(m[2])} and sum(d for _, d, _ in data["throughput"]) == int(m[2])
+    assert data["per_run"][m[1]]["images"] == int(m[2]) and sum(n for _, n in data["labels"]) == int(m[2])
+    assert rate / 2 < data["images_per_s"] < rate * 1.2
+    # and its memory paragraph says what the verdict says of memory, in the verdict's colour
+    (css, said) = re.findall(r'<p class="verdict (\w+)">run ' + m[1] + r": ([^<]*)</p>", page)[0]
+    memory = [r for r in re.findall(r"verdict: \w+: (.*)$", out.stdout, re.M) if "RSS" in r or "memory" in r]
+    if verdict == "PASS":
+        assert css == "ok" and "within the limit" in said
+    elif memory:
+        assert css in ("unsure", "bad") and html.unescape(said).rstrip(".") == memory[0], (said, memory)
 
 
 def test_memory_verdict_tells_a_leak_from_a_window_too_short_to_judge() -> None:
-    from worker.measure.soak import judge_memory
+    from worker.measure.metrics import judge_memory
 
     def judge(late: float, minutes: float) -> tuple[list[str], list[str], list[str]]:
         return judge_memory({"late_slope_mb_per_h": late, "late_span_s": minutes * 60}, limit=2.0, warmup_s=60)

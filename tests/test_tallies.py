@@ -145,7 +145,7 @@ def test_stats_from_the_tallies_agree_with_the_rows(recorded) -> None:
 
 def test_the_report_reads_the_same_from_the_tallies_and_the_rows(recorded) -> None:
     db, run_id, cfg = recorded
-    runs = pick_runs(db, run_id, 1, None, None, None)
+    runs = pick_runs(db, [run_id], 1, None, None, None)
     from_tallies = gather(db, runs, 0, cfg.outbox)
     with db.connect() as c:
         minutes = {int(at.timestamp()) // 60 * 60 for at in c.execute(

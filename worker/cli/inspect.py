@@ -303,7 +303,7 @@ def fleet(ctx: click.Context, fmt: str, db: str | None) -> None:
 
 
 @cli.command()
-@click.option("--run", "run_id", type=int, help="One run (default: the latest).")
+@click.option("--run", "run_ids", type=int, multiple=True, help="A run (repeatable; default: the latest).")
 @click.option("--last", type=click.IntRange(min=1), default=1, show_default=True, help="The last K runs.")
 @click.option("--since", help="The runs active at or after: an ISO time (UTC if no zone) or an age, e.g. 7d.")
 @click.option("--until", help="The runs started before: an ISO time or an age, as --since.")
@@ -312,7 +312,7 @@ def fleet(ctx: click.Context, fmt: str, db: str | None) -> None:
               show_default=True, help="The HTML file to write.")
 @db_option
 @click.pass_context
-def report(ctx: click.Context, run_id: int | None, last: int, since: str | None, until: str | None,
+def report(ctx: click.Context, run_ids: tuple[int, ...], last: int, since: str | None, until: str | None,
            model: str | None, output: Path, db: str | None) -> None:
     """Write one self-contained HTML file of what the database knows of some runs: throughput, latency
     over time and by stage, memory with its trend after the warm-up and the verdict, failures by reason,
@@ -323,11 +323,12 @@ def report(ctx: click.Context, run_id: int | None, last: int, since: str | None,
     Example:
       worker report -o night.html
       worker report --last 3 --model efficientnet-lite0
+      worker report --run 4 --run 7 -o compared.html
     """
     from worker.report.make import write_report
 
     cfg = load_config(ctx, db=db)
-    written = write_report(cfg.db, output, cfg.outbox.absolute(), run_id=run_id, last=last,
+    written = write_report(cfg.db, output, cfg.outbox.absolute(), run_ids=run_ids, last=last,
                            since=optional_time(since), until=optional_time(until), model=model,
                            warmup_s=cfg.metrics.warmup_s, max_slope_mb_per_h=cfg.soak.max_rss_slope_mb_per_h)
     click.echo(f"wrote {written.path} ({written.size // 1024} KB): run(s) {', '.join(map(str, written.runs))}, "

@@ -95,3 +95,39 @@ def resolvable_slope(mem: dict[str, Any]) -> tuple[float, str, bool]:
     if math.isfinite(se) and 2 * se > resolved:
         return 2 * se, f"twice the slope's standard error, {se:.2f} MB/h, from how far RSS wandered", True
     return resolved, f"RSS noise about {RSS_NOISE_MB:.0f} MB", False
+
+
+def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[list[str], list[str], list[str]]:
+    """(failures, inconclusive, notes) for a run's memory trend (`run_stats(...)["memory"]`).
+
+    Judged on the second half of the samples after warm-up: settling steps early in a run are not a
+    leak; a leak grows to the end. A slope over the limit, but within what RSS noise makes of so short
+    a window, is neither a pass nor a leak shown."""
+    failures: list[str] = []
+    inconclusive: list[str] = []
+    notes: list[str] = []
+    late = mem.get("late_slope_mb_per_h", float("nan"))
+    span_h = mem.get("late_span_s", 0.0) / 3600
+    resolved, why, wandered = resolvable_slope(mem)
+    longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
+              if limit > 0 else "no soak resolves a limit of 0 MB/h")
+    if wandered and limit > 0:
+        longer = f"a longer soak to judge {limit} MB/h"
+    beyond = f"slopes above about {resolved:.0f} MB/h ({why}): {longer}"
+    if math.isnan(late):  # a run stopped, or set, shorter than its warm-up: no trend either way
+        inconclusive.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend "
+                            f"({longer})")
+    elif late > max(limit, resolved):
+        failures.append(f"RSS grows {late:.2f} MB/h over the second half after warm-up "
+                        f"(limit {limit} MB/h, soak.max_rss_slope_mb_per_h)")
+    elif late > limit:
+        inconclusive.append(f"RSS grew {late:.2f} MB/h over the second half after warm-up (limit {limit} MB/h), "
+                            f"but its {_span(span_h)} resolve only {beyond}")
+    elif resolved > limit:  # flat as far as it can tell, but it cannot tell a slope at the limit from noise
+        inconclusive.append(f"the second half after warm-up lasted {_span(span_h)}, which resolves only "
+                            f"{beyond}")
+    return failures, inconclusive, notes
+
+
+def _span(hours: float) -> str:
+    return f"{hours * 3600:.0f} s" if hours < 2 / 60 else f"{hours * 60:.0f} min"

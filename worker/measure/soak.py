@@ -16,7 +16,7 @@ from worker.config import Config, without_password
 from worker.errors import ConfigError
 from worker.intake.scan import walk
 from worker.intake.jobs import Job, JobStatus
-from worker.measure.metrics import RSS_NOISE_MB, percentiles, resolvable_slope
+from worker.measure.metrics import judge_memory, percentiles
 from worker.host.names import as_text
 from worker.service import open_pipeline
 from worker.store.db import database, sqlite_file
@@ -51,38 +51,6 @@ class SoakVerdict:
     @property
     def verdict(self) -> str:
         return "FAIL" if self.failures else "INCONCLUSIVE" if self.inconclusive else "PASS"
-
-
-def judge_memory(mem: dict[str, Any], limit: float, warmup_s: float) -> tuple[list[str], list[str], list[str]]:
-    """(failures, inconclusive, notes) for a run's memory trend (`run_stats(...)["memory"]`).
-
-    Judged on the second half of the samples after warm-up: settling steps early in a run are not a
-    leak; a leak grows to the end. A slope over the limit, but within what RSS noise makes of so short
-    a window, is neither a pass nor a leak shown."""
-    failures: list[str] = []
-    inconclusive: list[str] = []
-    notes: list[str] = []
-    late = mem.get("late_slope_mb_per_h", float("nan"))
-    span_h = mem.get("late_span_s", 0.0) / 3600
-    resolved, why, wandered = resolvable_slope(mem)
-    longer = (f"soak for {2 * RSS_NOISE_MB / limit + warmup_s / 3600:.1f} h or more to judge {limit} MB/h"
-              if limit > 0 else "no soak resolves a limit of 0 MB/h")
-    if wandered and limit > 0:
-        longer = f"a longer soak to judge {limit} MB/h"
-    beyond = f"slopes above about {resolved:.0f} MB/h ({why}): {longer}"
-    if math.isnan(late):  # a run stopped, or set, shorter than its warm-up: no trend either way
-        inconclusive.append(f"too few memory samples after the {warmup_s:.0f} s warm-up to judge the trend "
-                            f"({longer})")
-    elif late > max(limit, resolved):
-        failures.append(f"RSS grows {late:.2f} MB/h over the second half after warm-up "
-                        f"(limit {limit} MB/h, soak.max_rss_slope_mb_per_h)")
-    elif late > limit:
-        inconclusive.append(f"RSS grew {late:.2f} MB/h over the second half after warm-up (limit {limit} MB/h), "
-                            f"but its {span_h * 60:.0f} min resolve only {beyond}")
-    elif resolved > limit:  # flat as far as it can tell, but it cannot tell a slope at the limit from noise
-        inconclusive.append(f"the second half after warm-up lasted {span_h * 60:.0f} min, which resolves only "
-                            f"{beyond}")
-    return failures, inconclusive, notes
 
 
 @dataclass(frozen=True)

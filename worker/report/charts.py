@@ -6,7 +6,7 @@ import io
 import logging
 import re
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Sequence
 
 import matplotlib
 
@@ -45,16 +45,29 @@ def _time_axis(ax: Any, t: list[float] | None = None) -> None:
     ax.grid(alpha=0.3)
 
 
+def _broken(rows: Sequence[Sequence[float]], bucket_s: int) -> list[list[float]]:
+    """`rows` (bucket start, values...) as columns to plot, the first as matplotlib's dates, with a row of
+    NaN where buckets were skipped: the lines break there (between runs, or while nothing finished)
+    instead of drawing one slope across the gap."""
+    out: list[list[float]] = []
+    for k, row in enumerate(rows):
+        if k and row[0] - rows[k - 1][0] > bucket_s:
+            out.append([float("nan")] * len(row))
+        out.append([_times([int(row[0])])[0], *map(float, row[1:])])
+    return [list(column) for column in zip(*out)]
+
+
 def throughput(data: ReportData) -> str | None:
     if not data.throughput:
         return None
     fig, ax = plt.subplots(figsize=SIZE)
-    t = _times([b for b, _, _ in data.throughput])
-    ax.plot(t, [d / data.bucket_s for _, d, _ in data.throughput], label="done", marker=".")
-    ax.plot(t, [f / data.bucket_s for _, _, f in data.throughput], label="failed", marker=".", color="C3")
+    rated = [(b, data.rate(b, d), data.rate(b, f)) for b, d, f in data.throughput]
+    t, done, failed = _broken(rated, data.bucket_s)
+    ax.plot(t, done, label="done", marker=".")
+    ax.plot(t, failed, label="failed", marker=".", color="C3")
     ax.set_ylabel(f"images/s (per {data.bucket_s} s)")
     ax.legend(loc="upper right")
-    _time_axis(ax, t)
+    _time_axis(ax, _times([b for b, _, _ in data.throughput]))
     return _svg(fig)
 
 
@@ -62,13 +75,13 @@ def latency(data: ReportData) -> str | None:
     if not data.latency:
         return None
     fig, ax = plt.subplots(figsize=SIZE)
-    t = _times([b for b, *_ in data.latency])
-    for i, name in enumerate(("p50", "p95", "p99")):
-        ax.plot(t, [row[i + 1] for row in data.latency], label=name, marker=".")
+    t, *columns = _broken(data.latency, data.bucket_s)
+    for name, values in zip(("p50", "p95", "p99"), columns):
+        ax.plot(t, values, label=name, marker=".")
     ax.set_yscale("log")
     ax.set_ylabel(f"total latency, ms (bins of {10 ** (1 / PER_DECADE):.3f}x)")
     ax.legend(loc="upper right")
-    _time_axis(ax, t)
+    _time_axis(ax, _times([b for b, *_ in data.latency]))
     return _svg(fig)
 
 
@@ -89,24 +102,30 @@ def stages(stats: dict[str, Any]) -> str | None:
     return _svg(fig)
 
 
-def memory(data: ReportData) -> str | None:
+def memory(data: ReportData, judged: set[int]) -> str | None:
+    """Each run's RSS (and GPU memory) as a line of its own, its warm-up shaded, and its trend after the
+    warm-up where the page judges one (`judged`): runs are separate processes, never one series."""
     if not data.memory:
         return None
     fig, ax = plt.subplots(figsize=SIZE)
-    t = _times([b for b, _, _ in data.memory])
-    ax.plot(t, [m for _, m, _ in data.memory], label="RSS")
-    if any(g is not None for _, _, g in data.memory):
-        ax.plot(t, [float("nan") if g is None else g for _, _, g in data.memory], label="GPU memory", color="C2")
-    if data.warmup_end is not None:
-        ax.axvspan(t[0], min(_times([data.warmup_end])[0], t[-1]), color="0.85", label="warm-up")
-    if data.trend is not None and data.warmup_end is not None:
-        a, b = data.trend
-        ends = [data.warmup_end, max(data.warmup_end, data.memory[-1][0] + data.bucket_s)]
-        ax.plot(_times(ends), [a + b * (e - data.warmup_end) for e in ends], "--", color="C3",
-                label=f"trend {b * 3600:+.2f} MB/h")
+    alone = len(data.memory) == 1
+    every: list[float] = []
+    for k, run in enumerate(data.memory):
+        name = "" if alone else f"run {run.run} "
+        t = _times([b for b, _, _ in run.series])
+        every += t
+        (line,) = ax.plot(t, [m for _, m, _ in run.series], label=f"{name}RSS")
+        if any(g is not None for _, _, g in run.series):
+            ax.plot(t, [float("nan") if g is None else g for _, _, g in run.series], label=f"{name}GPU memory")
+        ax.axvspan(t[0], min(_times([run.warmup_end])[0], t[-1]), color="0.85", label="warm-up" if k == 0 else None)
+        if run.trend is not None and run.run in judged:
+            a, b = run.trend
+            ends = [run.warmup_end, max(run.warmup_end, run.series[-1][0] + run.bucket_s)]
+            ax.plot(_times(ends), [a + b * (e - run.warmup_end) for e in ends], "--", color=line.get_color(),
+                    label=f"{name}trend {b * 3600:+.2f} MB/h")
     ax.set_ylabel("MB")
     ax.legend(loc="lower right")
-    _time_axis(ax, t)
+    _time_axis(ax, every)
     return _svg(fig)
 
 

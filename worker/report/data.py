@@ -7,13 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, extract, func, select
 
 from worker.errors import CheckInputError
 from worker.store import tallies
-from worker.store.stats import SCORED, run_stats
+from worker.store.stats import SCORED, last_seen, replays, run_stats
 from worker.store.schema import ImageRow, MemorySample, ResultRow, Run, TimingRow
 
 BUCKETS = 120  # points of a time series at most
@@ -32,42 +32,82 @@ class Pictured:
     picture: Path | None  # its overlay, or the input where it still is; None: nothing to show
 
 
+@dataclass(frozen=True)
+class RunMemory:
+    """One run's memory (one process's): RSS and GPU memory by bucket, and the least-squares line through its
+    samples after its warm-up. Never joined to another run's: each process has its own."""
+    run: int
+    bucket_s: int
+    series: list[tuple[int, float, float | None]]  # (bucket start, RSS MB, GPU MB)
+    warmup_end: int  # epoch s
+    trend: tuple[float, float] | None  # RSS MB = a + b * (t - warmup_end), b per s; None: too few samples
+
+
 @dataclass
 class ReportData:
     runs: list[dict[str, Any]]
     stats: list[dict[str, Any]]
     counts: dict[str, int]
     bucket_s: int
+    warmup_s: float = 60.0
+    ends: dict[int, datetime] = field(default_factory=dict)  # each run's end: finished, else last seen alive
     stride: int = 1  # the distributions' sample: every stride-th image
     throughput: list[tuple[int, int, int]] = field(default_factory=list)  # (bucket start, done, failed)
     latency: list[tuple[int, float, float, float]] = field(default_factory=list)  # (bucket, p50, p95, p99) ms
-    memory: list[tuple[int, float, float | None]] = field(default_factory=list)  # (bucket, RSS MB, GPU MB)
-    trend: tuple[float, float] | None = None  # RSS MB = a + b * (t - first sample) after the warm-up, b per s
-    warmup_end: int | None = None  # epoch s
+    memory: list[RunMemory] = field(default_factory=list)
     failures: list[tuple[str, int, str]] = field(default_factory=list)  # (reason, images, one of them)
     labels: list[tuple[str, int]] = field(default_factory=list)
     scores: list[int] = field(default_factory=list)
     gallery: dict[str, list[Pictured]] = field(default_factory=dict)
 
 
-def pick_runs(db: Engine, run_id: int | None, last: int, since: datetime | None, until: datetime | None,
+    def busy_s(self, lo: datetime | None = None, hi: datetime | None = None) -> float:
+        """Seconds (within [lo, hi) where given) in which at least one of the runs was running: their spans'
+        union, so that neither an overlap nor a gap between runs counts."""
+        total, reached = 0.0, lo
+        for start, end in sorted((r["started_at"], self.ends[r["id"]]) for r in self.runs):
+            start = max(start, reached) if reached is not None else start
+            end = min(end, hi) if hi is not None else end
+            if end > start:
+                total += (end - start).total_seconds()
+            reached = max(end, reached) if reached is not None else end
+        return total
+
+    def rate(self, bucket_start: int, images: int) -> float:
+        """Images per second in the bucket starting at `bucket_start` (epoch s): over the part of it in
+        which a run was running (a run's first and last minute are partly idle)."""
+        lo = datetime.fromtimestamp(bucket_start, timezone.utc)
+        busy = self.busy_s(lo, datetime.fromtimestamp(bucket_start + self.bucket_s, timezone.utc))
+        return images / (busy if busy > 0 else self.bucket_s)
+
+    @property
+    def images_per_s(self) -> float | None:
+        """Outcomes (done and failed) per second of the runs' busy time."""
+        busy = self.busy_s()
+        return (self.counts.get("done", 0) + self.counts.get("failed", 0)) / busy if busy > 0 else None
+
+
+def pick_runs(db: Engine, run_ids: Sequence[int], last: int, since: datetime | None, until: datetime | None,
               model: str | None) -> list[dict[str, Any]]:
-    """The runs asked for: one, the last K, or those started in a window; for a model. Refused when none."""
+    """The runs asked for: some by id, the last K, or those started in a window; for a model. Refused when
+    one asked for by id, or every one, is not on record."""
     q = select(Run).order_by(Run.id.desc())
-    if run_id is not None:
-        q = q.where(Run.id == run_id)
+    if run_ids:
+        q = q.where(Run.id.in_(run_ids))
     if model is not None:
         q = q.where(Run.model == model)
     if since is not None:
         q = q.where(func.coalesce(Run.finished_at, Run.heartbeat_at, func.now()) >= since)
     if until is not None:
         q = q.where(Run.started_at < until)
-    if run_id is None and since is None and until is None:
+    if not run_ids and since is None and until is None:
         q = q.limit(last)
     with db.connect() as c:
         runs = [dict(r) for r in c.execute(q).mappings()]
-    if not runs:
-        said = f"run {run_id}" if run_id is not None else "run" + (f" of model {model}" if model else "")
+    missing = sorted(set(run_ids) - {r["id"] for r in runs})
+    if missing or not runs:
+        said = ("run " + ", ".join(map(str, missing or run_ids)) if run_ids else
+                "run" + (f" of model {model}" if model else ""))
         raise CheckInputError(f"no {said} on record in this database")
     return runs[::-1]
 
@@ -80,15 +120,14 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
     ids = [r["id"] for r in runs]
     stats = [s for rid in ids for s in run_stats(db, run_id=rid, warmup_s=warmup_s)]
     start = min(r["started_at"] for r in runs)
-    end = max((r["finished_at"] or r["heartbeat_at"] or r["started_at"]) for r in runs)
     with db.connect() as c:
         tallied = all(_tallied(c, rid) for rid in ids)
-        last_image = (_epoch(tallies.last_at(c, ids)) if tallied else
-                      c.execute(select(func.max(ImageRow.updated_at)).where(ImageRow.run_id.in_(ids))).scalar())
-        last_sample = c.execute(select(func.max(MemorySample.at)).where(MemorySample.run_id.in_(ids))).scalar()
-        end = max(x for x in (end, last_image, last_sample) if x is not None)
-        bucket = _bucket(max((end - start).total_seconds(), 1.0))
-        data = ReportData(runs, stats, {}, bucket)
+        ends = {r["id"]: last_seen(c, r) for r in runs}
+        sampled = _bucket(max((max(ends.values()) - start).total_seconds(), 1.0))  # memory's buckets
+        bucket = sampled  # the outcomes': only the tallies count every replay of a soak, by the minute
+        if tallied and any(replays(r) for r in runs):
+            bucket = max(bucket, tallies.MINUTE)
+        data = ReportData(runs, stats, {}, bucket, warmup_s, ends)
         for run in stats:  # `worker stats`' own counts, summed over the runs
             for status, n in run["counts"].items():
                 data.counts[status] = data.counts.get(status, 0) + int(n)
@@ -99,7 +138,7 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
         for b, h in sorted(hist.items()):
             p = tallies.bin_percentiles(h)
             data.latency.append((b, p["p50"], p["p95"], p["p99"]))
-        _memory(c, data, ids, bucket, warmup_s)
+        data.memory = [m for rid in ids if (m := _memory(c, rid, sampled, warmup_s)) is not None]
         mine = ImageRow.run_id.in_(ids)
         data.failures = [(reason or "(no reason recorded)", int(n), rel) for reason, n, rel in c.execute(
             select(ImageRow.error, func.count(), func.min(ImageRow.rel_path))
@@ -166,27 +205,28 @@ def _labels(stats: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return sorted(images.items(), key=lambda kv: (-kv[1], kv[0]))[:20]
 
 
-def _memory(c: Any, data: ReportData, ids: list[int], bucket: int, warmup_s: float) -> None:
-    """RSS (and GPU memory) by bucket, and the least-squares line through the samples after the warm-up (its
-    sums in SQL: no sample is fetched)."""
-    mine = MemorySample.run_id.in_(ids)
+def _memory(c: Any, rid: int, bucket: int, warmup_s: float) -> RunMemory | None:
+    """One run's RSS (and GPU memory) by bucket, and the least-squares line through its samples after the
+    warm-up (its sums in SQL: no sample is fetched); None when it has no sample."""
+    mine = MemorySample.run_id == rid
     at = cast(extract("epoch", MemorySample.at), BigInteger)
     by = at // bucket  # one expression (one parameter) in SELECT and GROUP BY: PostgreSQL matches them so
-    data.memory = [(int(b) * bucket, float(rss) / 2**20, None if gpu is None else float(gpu) / 2**20)
-                   for b, rss, gpu in c.execute(select(by, func.avg(MemorySample.rss_bytes),
-                                                       func.avg(MemorySample.gpu_bytes))
-                                                .where(mine).group_by(by).order_by(by))]
+    series = [(int(b) * bucket, float(rss) / 2**20, None if gpu is None else float(gpu) / 2**20)
+              for b, rss, gpu in c.execute(select(by, func.avg(MemorySample.rss_bytes), func.avg(MemorySample.gpu_bytes))
+                                           .where(mine).group_by(by).order_by(by))]
     first = c.execute(select(func.min(at)).where(mine)).scalar()
     if first is None:
-        return
-    data.warmup_end = int(first + warmup_s)
-    x = at - data.warmup_end
+        return None
+    warmup_end = int(first + warmup_s)
+    x = at - warmup_end
     y = MemorySample.rss_bytes / 2**20
     n, sx, sy, sxx, sxy = c.execute(select(func.count(), func.sum(x), func.sum(y), func.sum(x * x), func.sum(x * y))
-                                    .where(mine, and_(at >= data.warmup_end))).one()
+                                    .where(mine, and_(at >= warmup_end))).one()
+    trend = None
     if n and n > 2 and (den := n * float(sxx) - float(sx) ** 2) > 0:
         slope = (n * float(sxy) - float(sx) * float(sy)) / den
-        data.trend = ((float(sy) - slope * float(sx)) / n, slope)
+        trend = ((float(sy) - slope * float(sx)) / n, slope)
+    return RunMemory(rid, bucket, series, warmup_end, trend)
 
 
 def _slowest(c: Any, rid: int, n: int) -> list[Any]:

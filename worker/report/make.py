@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Sequence
 
 from worker.errors import CheckInputError, StoreError
 from worker.outputs.files import write_atomic
@@ -22,13 +23,13 @@ class Written:
     images: int
 
 
-def write_report(db_url: str, output: Path, outbox: Path, *, run_id: int | None = None, last: int = 1,
+def write_report(db_url: str, output: Path, outbox: Path, *, run_ids: Sequence[int] = (), last: int = 1,
                  since: datetime | None = None, until: datetime | None = None, model: str | None = None,
                  warmup_s: float = 60.0, max_slope_mb_per_h: float = 2.0, verdict: str | None = None) -> Written:
     """Write the report of the runs asked for (default: the latest) to `output`; `verdict`: a soak's, shown first."""
     try:
         with database(db_url, create=False, read_only=True) as db:
-            runs = pick_runs(db, run_id, last, since, until, model)
+            runs = pick_runs(db, run_ids, last, since, until, model)
             data = gather(db, runs, warmup_s, outbox)
     except StoreError as e:  # no database there, or one of another version: nothing to report from
         raise CheckInputError(str(e)) from None

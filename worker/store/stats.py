@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import Engine, and_, exists, func, or_, select
@@ -35,9 +35,9 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
     by their time), of the runs that were active in it: a watcher of months asked about its last day.
     The warm-up still counts from the run's start.
 
-    A run of more than `tallied_above` outcomes (in the window) is read from its tallies (worker.store.tallies;
-    `read_from` says which): counts are outcomes as recorded, latencies to 3.7%, a window to the minute
-    (counts, total latency) and the hour (the other stages, labels, scores)."""
+    A run of more than `tallied_above` outcomes (in the window), and a soak, are read from their tallies
+    (worker.store.tallies; `read_from` says which): counts are outcomes as recorded, latencies to 3.7%, a
+    window to the minute (counts, total latency) and the hour (the other stages, labels, scores)."""
     window, span = _Window(since, until), tallies.Span.of(since, until)
     with db.connect() as c:
         q = select(Run).order_by(Run.id.desc()).limit(last)
@@ -54,9 +54,11 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
         out = []
         for run in reversed(runs):
             rid = run["id"]
-            if tallies.tallied(c, [rid], span) > tallied_above:
+            outcomes = tallies.tallied(c, [rid], span)
+            facts: dict[str, Any] = {**run, "ended_at": last_seen(c, run)}
+            if outcomes > tallied_above or (outcomes and replays(run)):
                 counts = {**tallies.outcomes(c, [rid], span), **_in_flight(c, rid, window)}
-                stats = _one_run(dict(run), counts, _tallied_latency(c, rid, span), _samples(c, rid, window),
+                stats = _one_run(facts, counts, _tallied_latency(c, rid, span), _samples(c, rid, window),
                                  warmup_s, window)
                 stats["results"] = tallies.results(c, [rid], span)
                 stats["read_from"] = "tallies"
@@ -64,13 +66,33 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
                 counts = dict(c.execute(select(ImageRow.status, func.count())
                                         .where(ImageRow.run_id == rid, *window.of(ImageRow.updated_at))
                                         .group_by(ImageRow.status)).all())
-                stats = _one_run(dict(run), counts, _latency(_timings(c, rid, window)), _samples(c, rid, window),
+                stats = _one_run(facts, counts, _latency(_timings(c, rid, window)), _samples(c, rid, window),
                                  warmup_s, window)
                 stats["results"] = _results(c, rid, window)
                 stats["read_from"] = "rows"
             stats["health"] = assess(dict(run), _latest_beats(c, dict(run), STALL_S), utcnow()).as_dict()
             out.append(stats)
     return out
+
+
+def last_seen(c: Any, run: Any) -> datetime:
+    """When a run ended: when it finished, else (killed, or still running) the last sign of it: its heartbeat,
+    its last memory sample or its last outcome (read within the last minute its tallies have, where it has them:
+    by the index on time, not by every row of a long run)."""
+    if run["finished_at"] is not None:
+        return run["finished_at"]
+    rid = run["id"]
+    last_sample = c.execute(select(func.max(MemorySample.at)).where(MemorySample.run_id == rid)).scalar()
+    q = select(func.max(ImageRow.updated_at)).where(ImageRow.run_id == rid)
+    if (minute_end := tallies.last_at(c, [rid])) is not None:
+        q = q.where(ImageRow.updated_at >= datetime.fromtimestamp(minute_end - tallies.MINUTE, timezone.utc))
+    signs = (run["started_at"], run["heartbeat_at"], last_sample, c.execute(q).scalar())
+    return max(x for x in signs if x is not None)
+
+
+def replays(run: Any) -> bool:
+    """A soak replays its images: each image's row holds its last replay, its tallies every outcome."""
+    return run["mode"] == "soak"
 
 
 @dataclass(frozen=True)
@@ -255,8 +277,8 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], latency: _Latency, sam
     start, end = run["started_at"], run["finished_at"]
     samples = sampled.rows
     processed = counts.get("done", 0) + counts.get("failed", 0)
-    # an unfinished run (running, or stopped without finishing): up to its last sample
-    span_start, until = window.clip(start, end or sampled.last_at)
+    # an unfinished run (running, or killed): up to the last sign of it
+    span_start, until = window.clip(start, run.get("ended_at") or end or sampled.last_at)
     span = (until - span_start).total_seconds() if until and until > span_start else None
     memory: dict[str, Any] = {"samples": sampled.total, "sample_stride": sampled.stride}
     if samples:
@@ -275,7 +297,7 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], latency: _Latency, sam
                       slope_mb_per_h=round(slope_per_hour([t for t, _ in steady], [m for _, m in steady]), 3),
                       steady_samples=len(steady),
                       late_slope_mb_per_h=round(slope_per_hour(late_t, late_mb), 3),
-                      # how far that slope can be trusted: judged against it (worker.measure.soak.judge_memory)
+                      # how far that slope can be trusted: judged against it (worker.measure.metrics.judge_memory)
                       late_slope_se_mb_per_h=round(slope_se_per_hour(late_t, late_mb), 3),
                       late_samples=len(late), late_span_s=round(late[-1][0] - late[0][0], 1) if late else 0.0)
         if steady:  # the first and last sample after the warm-up: what a soak compares
