@@ -159,7 +159,7 @@ def test_ctrl_c_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, s
         proc.send_signal(signal.SIGINT)
         if signals == 2:
             assert proc.stderr is not None
-            while (line := proc.stderr.readline()) and "finishing jobs in flight" not in line:
+            while (line := proc.stderr.readline()) and "stopping: finishing" not in line:
                 pass
             proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=120)

@@ -24,6 +24,9 @@ def print_summary(summary: Any) -> None:
     click.echo(f"  images {f['images']}: done {f['done']}{pages}, failed {f['failed']}, skipped {f['skipped']} "
                f"(already done{unread}){taken}")
     latency = f"latency ms p50 {f['p50']} p95 {f['p95']} p99 {f['p99']}" if f["done"] else "no image done"
+    if f.get("given_back"):
+        click.echo(f"  given back: {f['given_back']} claimed but not started when stopped (queued for the next "
+                   f"start; no attempt counted)")
     click.echo(f"  {f['images_per_s']} images/s over {f['seconds']} s; {latency}")
     click.echo(f"  outbox:   {summary.outbox}")
     if summary.inputs:

@@ -12,7 +12,8 @@ from typing import Any, Iterator
 
 @contextlib.contextmanager
 def two_stage_stop() -> Iterator[threading.Event]:
-    """First SIGINT, SIGTERM or SIGHUP: stop intake and finish jobs in flight. Second: exit at once.
+    """First SIGINT, SIGTERM or SIGHUP: stop intake, finish the images inference has started and give the
+    others back (queued for the next start, no attempt counted). Second: exit at once.
 
     SIGHUP too: a terminal that goes away (an ssh session dropped) killed a worker started from it on the
     spot, and each such death counts an attempt against every image in flight (3 quarantine one)."""
@@ -23,7 +24,8 @@ def two_stage_stop() -> Iterator[threading.Event]:
             os._exit(128 + signum)
         stop.set()
         try:
-            print(f"\n{signal.Signals(signum).name}: finishing jobs in flight (again to exit now)", file=sys.stderr)
+            print(f"\n{signal.Signals(signum).name}: stopping: finishing the images being inferred, giving the "
+                  f"others back (again to exit now)", file=sys.stderr)
         except (OSError, ValueError):  # the terminal is gone (SIGHUP): the stop matters, not the line
             pass
 

@@ -64,14 +64,17 @@ def recover_in_flight(ledger: Ledger, root: Path, submit: Callable[[Job], object
     worker again is the only one charged, so it reaches quarantine without taking its neighbours
     with it. Returns the relative paths it submitted."""
     done: set[str] = set()
-    for text in ledger.in_flight():
-        rel = on_disk(root, text)
-        path = root / rel
-        if path.is_file() or path.is_symlink():  # a symlink is refused by the claim step, on record
-            log.warning("%s was in flight when a worker stopped: processing it on its own first", text)
-            submit(dataclasses.replace(Job.from_path(root, path), take_over=True))
-            drain()
-            done.add(rel)
+    left = [(text, on_disk(root, text)) for text in ledger.in_flight()]
+    left = [(text, rel) for text, rel in left if (root / rel).is_file() or (root / rel).is_symlink()]
+    if left:  # a symlink is refused by the claim step, on record
+        names = ", ".join(text for text, _ in left[:5]) + (f" and {len(left) - 5} more" if len(left) > 5 else "")
+        log.warning("%d image(s) were in flight when a worker was killed: processing each on its own first (%s)",
+                    len(left), names)
+    for text, rel in left:
+        log.debug("%s: in flight when a worker was killed: processing it on its own", text)
+        submit(dataclasses.replace(Job.from_path(root, root / rel), take_over=True))
+        drain()
+        done.add(rel)
     return done
 
 
@@ -111,6 +114,7 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
             if settings.inputs is not None else None
         self._pending = 0
         self._idle = threading.Condition()
+        self._giving_back = threading.Event()
         # the outbox's disk is full: intake pauses, and the images that could not be written wait
         # there (still pending) until there is room again; see _defer
         self._outbox_pause = FullOutboxPause(outbox.has_room, outbox.root)
@@ -252,10 +256,18 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
             self._done(job, JobStatus.QUEUED)
         return len(waiting)
 
+    def give_back(self) -> None:
+        """Stop taking work on (the run was stopped): the images that have not reached inference are given
+        back, queued again with no attempt counted; those past it finish."""
+        self._giving_back.set()
+
     def finish_or_abandon(self, stop: threading.Event | None) -> None:
-        """`drain()`, but once `stop` is set, images waiting for room in the outbox, or for a database
-        that refuses writes, are not waited for."""
+        """`drain()`, but once `stop` is set, only what inference has started is finished (`give_back`), and
+        images waiting for room in the outbox, or for a database that refuses writes, are not waited for."""
+        if stop is not None and stop.is_set():
+            self.give_back()
         while not self.drain(timeout=0.2):
             if stop is not None and stop.is_set():
+                self.give_back()
                 self.abandon_waiting()  # no more waiting for room: what waits stays for the next start
                 self.recorder.abandon()

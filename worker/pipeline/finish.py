@@ -30,6 +30,9 @@ class FinishStage(StageState):
 
     def _finish_loop(self) -> None:
         while (item := self._inferred.get()) is not STOP:
+            if item.given_back:
+                self._give_back(item)
+                continue
             if item.book is not None and (item := self._gather_page(item)) is None:
                 continue  # a page of a file whose other pages are still on their way
             if self._lease_lost(item) or item.taken:  # nothing recorded, nothing archived: the other worker does both
@@ -49,6 +52,18 @@ class FinishStage(StageState):
                 self._done(item.job, status)
             else:
                 self._to_archive.put((item.job, status, committed, item.identity))
+
+    def _give_back(self, item: Item) -> None:
+        """A claimed image not started when the run was stopped: queued again, the attempt not counted (its
+        input stays where it is; the next start processes it as any other)."""
+        item.release()
+        job = item.job
+        if item.committed is not None and item.committed.wait() and item.committed.taken_by is None:
+            self.recorder.put(Finished(job.key, item.sha256, item.size, JobStatus.QUEUED,
+                                       error="given back: the run was stopped before it was processed",
+                                       undo_attempt=True, ticket=job.ticket))
+            self.counts.given_back += 1
+        self._done(job, JobStatus.QUEUED)
 
     def _lease_lost(self, item: Item) -> bool:
         """Fleet mode: whether the file's claim passed to another worker while this one processed it (the

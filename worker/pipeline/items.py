@@ -63,6 +63,7 @@ class Counts:
     unread: int = 0  # of the skipped: known done by the file's size and stamp, not read again
     pages: int = 0  # pages of the done images (more than `done` only with pipeline.pages: all)
     taken: int = 0  # left to another live worker that claimed them first
+    given_back: int = 0  # claimed, not yet inferred when the run was stopped: queued again, no attempt counted
     # done images that an earlier run had done with this model into another outbox, by that outbox
     earlier_outboxes: Counter[str] = field(default_factory=Counter)
     latencies_ms: LatencyWindow = field(default_factory=LatencyWindow)  # done images, total ms
@@ -96,6 +97,7 @@ class Item:
     skipped: bool = False  # already done with the same content and model
     unread: bool = False  # skipped by its file's size and stamp, without reading it
     taken: bool = False  # in another live worker's hands (its claim came first): left to it
+    given_back: bool = False  # claimed, not inferred when the run was stopped: to be queued again, uncharged
     timings: dict[str, float] = field(default_factory=dict)
     batch_size: int = 0
     pages: int = 1  # pages or frames in the file (a multi-page TIFF, an animated GIF)
@@ -144,6 +146,7 @@ class PageSet:
 def summarize(counts: Counts, seconds: float) -> dict[str, Any]:
     return {"images": counts.processed + counts.skipped + counts.taken, "done": counts.done, "failed": counts.failed,
             "skipped": counts.skipped, "skipped_unread": counts.unread, "taken": counts.taken, "pages": counts.pages,
+            "given_back": counts.given_back,
             "earlier_outboxes": dict(counts.earlier_outboxes.most_common()),
             "seconds": round(seconds, 3),
             "images_per_s": round(counts.processed / seconds, 2) if seconds > 0 else 0.0,

@@ -76,6 +76,9 @@ class PrepareStage(StageState):
                     break
                 if job is WAKE:
                     continue
+                if job is not STOP and self._giving_back.is_set():
+                    self._done(job, JobStatus.QUEUED)  # not taken: the run was stopped; never claimed
+                    continue
                 if job is not STOP and self._outbox_pause.stopped and self._outbox_pause.full:
                     self._done(job, JobStatus.QUEUED)  # not taken: stopping while the outbox is full
                     continue
@@ -86,7 +89,10 @@ class PrepareStage(StageState):
                     held += item.held
             if ahead:
                 held -= ahead[0].held
-                if (item := self._guarded(ahead.popleft(), self._decode)) is not None:
+                if self._giving_back.is_set():  # claimed, not started: the finish thread gives it back
+                    ahead[0].given_back = True
+                    self._inferred.put(ahead.popleft())
+                elif (item := self._guarded(ahead.popleft(), self._decode)) is not None:
                     self._prepared.put(item)
                     if item.book is not None:
                         self._send_pages(item)

@@ -42,6 +42,7 @@ class StageState:
     _inputs: InputArchive | None
     _pending: int
     _idle: threading.Condition
+    _giving_back: threading.Event  # the run was stopped: what has not reached inference is given back
     _outbox_pause: FullOutboxPause
     _size_hw: tuple[int, int]
     _channels: int

@@ -207,7 +207,7 @@ class ProcessPipeline:
 
     def _sum_counts(self) -> None:
         snapshots = [*self._retired, *(s.snapshot for s in self._shards)]
-        for name in ("done", "failed", "skipped", "unread", "pages", "taken"):
+        for name in ("done", "failed", "skipped", "unread", "pages", "taken", "given_back"):
             setattr(self.counts, name, sum(getattr(s, name) for s in snapshots))
 
     def _replace(self, dead: Shard) -> None:
@@ -330,12 +330,23 @@ class ProcessPipeline:
                 pass
         return 0
 
+    def give_back(self) -> None:
+        """As `Pipeline.give_back`, in every prepare process."""
+        for shard in self._shards:
+            try:
+                shard.send(("give_back",))
+            except OSError:
+                pass
+
     def finish_or_abandon(self, stop: threading.Event | None) -> None:
-        abandoned = False
-        while not self.drain(timeout=0.2):
-            if stop is not None and stop.is_set() and not abandoned:
+        given_back = False
+        while True:
+            if stop is not None and stop.is_set() and not given_back:
+                self.give_back()
                 self.abandon_waiting()
-                abandoned = True
+                given_back = True
+            if self.drain(timeout=0.2):
+                break
         self._gather_latencies()
 
     def _gather_latencies(self) -> None:

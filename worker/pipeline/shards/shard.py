@@ -3,8 +3,8 @@ postprocess, outputs and database rows), its batches run by the inference proces
 
     python -m worker.pipeline.shards CONTROL_FD INFER_FD TENSORS_FD
 
-It takes its orders on the control connection (a `ShardSpec` first, then jobs, `abandon` and
-`close`) and answers there: `ready`, then the finished jobs in small groups with its counts, and
+It takes its orders on the control connection (a `ShardSpec` first, then jobs, `give_back`, `abandon`
+and `close`) and answers there: `ready`, then the finished jobs in small groups with its counts, and
 `closed` with its final counts. It ends at once when the inference process goes away (its
 connections close), and ignores the signals that stop a worker: the inference process decides when
 it stops."""
@@ -67,12 +67,13 @@ class Snapshot:
     unread: int = 0
     pages: int = 0
     taken: int = 0
+    given_back: int = 0
     outbox_full: bool = False
     db_down: bool = False
 
     @classmethod
     def of(cls, c: Counts, outbox_full: bool = False, db_down: bool = False) -> "Snapshot":
-        return cls(c.done, c.failed, c.skipped, c.unread, c.pages, c.taken, outbox_full, db_down)
+        return cls(c.done, c.failed, c.skipped, c.unread, c.pages, c.taken, c.given_back, outbox_full, db_down)
 
 
 class Notices:
@@ -165,6 +166,8 @@ def _take_orders(control: Connection, lock: threading.Lock, pipeline: Pipeline, 
                 job = Job.from_tuple(values)
                 seqs[id(job)] = seq
                 pipeline.submit(job)  # never blocks long: the inference process sends no more than the queue holds
+        elif order[0] == "give_back":  # the run was stopped
+            pipeline.give_back()
         elif order[0] == "abandon":
             pipeline.abandon_waiting()
             recorder.abandon()
