@@ -15,7 +15,7 @@ import pytest
 
 from worker.host import mounts
 from worker.config import Config, load
-from worker.models.card import find_card
+from worker.models.lookup import find_card
 from worker.models.pull import pull
 from worker.measure.samples import fetch_samples
 

@@ -16,7 +16,7 @@ from worker.measure.bench.corpus import _create_cost, copies_of_first, make_corp
 from worker.measure.bench.results import CorpusResult, as_dicts, verdicts
 from worker.measure.bench.steady import STAGES, Steady, _bench_heap_frozen, _steady, first_by_stage
 from worker.images import decode
-from worker.models.card import find_card
+from worker.models.lookup import find_card
 from worker.tasks.preprocess import prepare
 
 

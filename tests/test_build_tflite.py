@@ -23,7 +23,7 @@ from tests.conftest import CACHE, ROOT
 from worker.errors import ModelError
 from worker.models.build_tflite import build
 from worker.models.tflite_graph import Op
-from worker.models.card import find_card
+from worker.models.lookup import find_card
 from worker.models.fetch import download
 from worker.models.tflite_file import BUILTIN_NAMES, read
 

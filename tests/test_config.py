@@ -160,17 +160,23 @@ def test_watch_into_its_own_inbox_is_refused_as_such(cfg, tmp_path: Path) -> Non
 
 
 def test_bundled_cards_and_cache_are_found_from_any_folder(tmp_path: Path, monkeypatch) -> None:
-    """Started elsewhere, with no config file or one that does not set them, the worker uses the
-    checkout's model cards and model cache (other relative paths stay relative to the cwd or file)."""
-    from worker.models.card import find_card
+    """Started elsewhere, with no config file or one that does not set them, the worker finds the
+    checkout's model cards after the user's own (models/ beside the file or in the cwd, there or not), and
+    uses the checkout's model cache (other relative paths stay relative to the cwd or file)."""
+    from worker.models.lookup import find_card
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("WORKER_CONFIG", raising=False)
     conf = tmp_path / "line3.yaml"
     conf.write_text("inbox: scans\nmodel: efficientnet-lite0\n")
     for cfg in (load(None), load(conf)):
-        assert cfg.models_dir == ROOT / "models" and cfg.cache_dir == ROOT / ".cache" / "worker"
-        assert find_card(cfg.models_dir, "efficientnet-lite0").task == "classify"
+        assert cfg.models_dir == tmp_path / "models" and cfg.cache_dir == ROOT / ".cache" / "worker"
+        assert find_card(cfg.models_dir, "efficientnet-lite0").folder == ROOT / "models" / "efficientnet-lite0"
+    # a card of the user's, of a bundled card's name, is the one used
+    mine = tmp_path / "models" / "efficientnet-lite0"
+    mine.mkdir(parents=True)
+    (mine / "model.yaml").write_text((ROOT / "models" / "efficientnet-lite0" / "model.yaml").read_text())
+    assert find_card(load(conf).models_dir, "efficientnet-lite0").folder == mine
     assert load(None).inbox == tmp_path / "var" / "inbox" and load(conf).inbox == tmp_path / "scans"
     conf.write_text("models_dir: cards\n")  # set: relative to the file, as every path
     assert load(conf).models_dir == tmp_path / "cards"

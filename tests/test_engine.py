@@ -75,7 +75,7 @@ def test_a_damaged_built_model_says_how_to_build_it_again(tmp_path: Path, effnet
     """A model `models pull` built (whole or not at all) and damaged since (a failing disk, an edit) said only
     onnxruntime's `Protobuf parsing failed`; the user had to know to delete it."""
     from worker import config
-    from worker.models.card import find_card
+    from worker.models.lookup import find_card
 
     card = find_card(config.load(None).models_dir, "efficientnet-lite0")
     damaged = tmp_path / "model.onnx"

@@ -11,14 +11,15 @@ import pytest
 from tests.conftest import ROOT, read_only_view
 from tests.support.userns import own_user_namespace
 from worker.errors import ConfigError, ModelError
-from worker.models.card import SourceFile, accepted_digests, find_card, list_cards, load_card, settings_digest
+from worker.models.card import SourceFile, accepted_digests, load_card, settings_digest
+from worker.models.lookup import find_card, list_cards
 from worker.models.fetch import download, extract
 from worker.models.torch_weights import load_state_dict
 
 
 def test_cards_load() -> None:
     loaded, errors = list_cards(ROOT / "models")
-    cards = {c.name: c for c in loaded}
+    cards = {c.card.name: c.card for c in loaded}
     assert errors == []
     assert {"ppocr-det", "efficientnet-lite0", "yolov3-tiny"} <= set(cards)
     assert cards["yolov3-tiny"].task == "detect" and cards["efficientnet-lite0"].task == "classify"

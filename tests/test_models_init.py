@@ -5,6 +5,7 @@ rest marked to check; one whose task cannot be told is refused in one line."""
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -89,3 +90,34 @@ def test_models_check_shows_the_concrete_shape_of_a_dynamic_export(tmp_path: Pat
     code, said = _init(tmp_path, "check", "dyn")
     assert code == 0 and "input  input tensor(float) [N, 3, height, ?] (one image at the card's size: " \
         "[1, 3, 32, 48]; rect: each image's own, sides padded to a multiple of 32)" in said, said
+
+
+def test_a_card_is_written_where_the_user_works_and_never_among_workers_own(tmp_path: Path, monkeypatch) -> None:
+    """No config file: models/ in the current folder; with one: models/ beside it; --models-dir: there. Worker's
+    own cards (a checkout's models/, or a wheel's copy) are refused, and the card's path is normalised."""
+    from worker.cli import cli
+    from worker.models.lookup import bundled_cards
+
+    work = tmp_path / "work"
+    (work / "exports").mkdir(parents=True)
+    best = _export(work / "exports" / "best.onnx", ULTRALYTICS)
+    monkeypatch.chdir(work / "exports")
+    monkeypatch.delenv("WORKER_CONFIG", raising=False)
+    r = CliRunner()
+    out = r.invoke(cli, ["models", "init", "here", "--onnx", "../exports/best.onnx"])
+    assert out.exit_code == 0, out.output
+    card = yaml.safe_load((work / "exports" / "models" / "here" / "model.yaml").read_text())
+    assert card["onnx"] == str(best)  # no "..": the file itself
+    (work / "line3").mkdir()
+    (work / "line3" / "config.yaml").write_text("model: beside\n")
+    out = r.invoke(cli, ["--config", str(work / "line3" / "config.yaml"), "models", "init", "beside", "--onnx",
+                         str(best)])
+    assert out.exit_code == 0 and (work / "line3" / "models" / "beside" / "model.yaml").is_file(), out.output
+    listed = r.invoke(cli, ["--config", str(work / "line3" / "config.yaml"), "models", "list"])
+    assert f"your cards:    {work / 'line3' / 'models'}\n" in listed.output, listed.output
+    assert re.search(r"^beside +detect +yours ", listed.output, re.M) and not re.search(r"^here ", listed.output, re.M)
+    out = r.invoke(cli, ["models", "init", "there", "--onnx", str(best), "--models-dir", str(work / "cards")])
+    assert out.exit_code == 0 and (work / "cards" / "there" / "model.yaml").is_file(), out.output
+    out = r.invoke(main_as_command, ["models", "init", "bad", "--onnx", str(best), "--models-dir", str(bundled_cards())])
+    assert out.exit_code == 2 and "holds the cards that come with worker" in out.output, out.output
+    assert not (bundled_cards() / "bad").exists()

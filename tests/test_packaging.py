@@ -83,7 +83,7 @@ def test_a_wheel_carries_its_cards_and_migrations_and_runs_away_from_the_checkou
                            cwd=elsewhere, env=env, text=True, capture_output=True, check=True)
     package, models_dir, cache_dir = probe.stdout.split()
     assert where.returncode == 0 and Path(package).is_relative_to(site), probe.stdout
-    assert Path(models_dir) == site / "worker" / "_bundled" / "models"
+    assert Path(models_dir) == elsewhere / "models"  # the user's cards, beside the (absent) config; the wheel's after
     assert Path(cache_dir) == home / ".cache" / "worker"  # not a folder inside site-packages
     for xdg, expected in ((tmp_path / "xdg", tmp_path / "xdg" / "worker"), ("relative", home / ".cache" / "worker")):
         probe = subprocess.run([sys.executable, "-c", "import worker.config as c; print(c.load(None).cache_dir)"],
@@ -110,4 +110,13 @@ def test_a_wheel_carries_its_cards_and_migrations_and_runs_away_from_the_checkou
     assert json.loads((elsewhere / "var" / "outbox" / "chelsea.png.json").read_text())["labels"]
     asked = _worker(site, elsewhere, env, "db", "upgrade")  # the schema is at the wheel's newest revision
     assert asked.returncode == 0, asked.stderr
+    # a card of the user's is written where the user works (models/ beside the config), never into the wheel,
+    # and is listed as the user's beside the wheel's own
+    before = sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if "__pycache__" not in p.parts)
+    inited = _worker(site, elsewhere, env, "models", "init", "mine", "--onnx", str(effnet_onnx), "--task", "classify")
+    assert inited.returncode == 0 and (elsewhere / "models" / "mine" / "model.yaml").is_file(), inited.stderr
+    assert sorted(p.relative_to(site).as_posix() for p in site.rglob("*") if "__pycache__" not in p.parts) == before
+    listed = _worker(site, elsewhere, env, "models", "list")
+    assert re.search(r"^mine +classify +yours ", listed.stdout, re.M) and \
+        re.search(r"^yolov3-tiny +detect +worker's ", listed.stdout, re.M), listed.stdout
 

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import CACHE, REFERENCE, ROOT, run_on
 from worker.images import decode
-from worker.models.card import find_card
+from worker.models.lookup import find_card
 from worker.tasks import adapter_for
 
 REF = json.loads((REFERENCE / "efficientnet_lite0.json").read_text())

@@ -12,7 +12,7 @@ import pytest
 from tests.conftest import CACHE, REFERENCE, ROOT, run_on
 from worker.errors import ModelError
 from worker.runtime.model_output import Paired
-from worker.models.card import find_card
+from worker.models.lookup import find_card
 from worker.tasks.detect import Detector
 from worker.tasks.detect.nms import classwise_nms
 from worker.tasks.detect.rows import decode_rows

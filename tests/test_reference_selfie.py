@@ -16,7 +16,8 @@ from tests.conftest import CACHE, REFERENCE, ROOT, run_on
 from worker.errors import ModelError
 from worker.models.build_tflite import build
 from worker.models.tflite_graph import Op
-from worker.models.card import Preprocess, find_card
+from worker.models.card import Preprocess
+from worker.models.lookup import find_card
 from worker.models.fetch import download, extract
 from worker.models.pull import pull
 from worker.models.tflite_file import Table, read

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
-from worker.models.card import find_card
+from worker.models.lookup import find_card
 from worker.tasks.preprocess import Geometry
 from worker.tasks.segment import Segmenter
 

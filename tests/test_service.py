@@ -170,7 +170,8 @@ def test_runs_recorded_under_the_first_card_digests_still_count_as_done(cfg, tmp
     """Upgrading past a change to how card settings are digested (or to a version that adds a setting
     at its default) must not reprocess what is done."""
     from tests.conftest import CACHE
-    from worker.models.card import accepted_digests, find_card, settings_digest
+    from worker.models.card import accepted_digests, settings_digest
+    from worker.models.lookup import find_card
     from worker.models.pull import with_labels
 
     cfg = dataclasses.replace(cfg, model="efficientnet-lite0")

@@ -149,7 +149,7 @@ class Config:
     archive: Path = Path("var/archive")
     db: str = "sqlite:///var/worker.db"
     model: str = "ppocr-det"
-    models_dir: Path = field(default_factory=lambda: shipped("models"))
+    models_dir: Path = Path("models")  # the user's cards, beside the config; the bundled ones are found after them
     cache_dir: Path = field(default_factory=default_cache_dir)
     extensions: tuple[str, ...] = IMAGE_EXTENSIONS
     watch: WatchConfig = field(default_factory=WatchConfig)

@@ -24,7 +24,8 @@ from worker.intake.intake import Intake
 from worker.intake.watch import WatchedInbox, inbox_lock, outbox_lock
 from worker.intake.jobs import Job, JobStatus
 from worker.host.memory import stabilize_allocator
-from worker.models.card import ModelCard, find_card, settings_digest
+from worker.models.card import ModelCard, settings_digest
+from worker.models.lookup import find_card
 from worker.models.exported import check_exported, exported_keypoint_names, exported_labels, exported_warnings
 from worker.models.fetch import sha256_file
 from worker.models.pull import pull, with_labels

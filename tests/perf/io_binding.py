@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 
 from worker import config
-from worker.models.card import find_card
+from worker.models.lookup import find_card
 from worker.models.pull import pull
 
 CALLS_PER_ROUND = {"efficientnet-lite0": 40, "yolov3-tiny": 10, "ppocr-det": 3}

@@ -97,25 +97,31 @@ def models() -> None:
 @models.command("list")
 @click.pass_context
 def models_list(ctx: click.Context) -> None:
-    """Show each card's name, task, source and local ONNX path once pulled; then what is wrong with
-    any card that does not load (exit status 1).
+    """Show where cards are looked for (your models_dir, then worker's own), and each card's name, task,
+    where it comes from, its weights' source and local ONNX path once pulled; then what is wrong with any
+    card that does not load (exit status 1).
 
     \b
     Example:
       worker models list
     """
-    from worker.models.card import list_cards
+    from worker.models.lookup import bundled_cards, list_cards
 
     cfg = load_config(ctx)
+    missing = "" if cfg.models_dir.is_dir() else " (not there yet: `worker models init` makes it)"
+    click.echo(f"your cards:    {cfg.models_dir}{missing}")
+    click.echo(f"worker's own:  {bundled_cards()}")
     rows = []
-    cards, errors = list_cards(cfg.models_dir)
-    for card in cards:
+    listed, errors = list_cards(cfg.models_dir)
+    for entry in listed:
+        card = entry.card
         path = card.onnx_path(cfg.cache_dir)
         own = card.tflite_path() or path
         source = card.source.package if card.source else f"file {own}"
-        rows.append({"name": card.name, "task": card.task, "source": source,
+        origin = "yours" if not entry.bundled else "worker's (yours replaces it)" if entry.shadowed else "worker's"
+        rows.append({"name": card.name, "task": card.task, "card": origin, "source": source,
                      "onnx": str(path) if path.exists() else "(not pulled)"})
-    emit_rows(rows, "table", ["name", "task", "source", "onnx"])
+    emit_rows(rows, "table", ["name", "task", "card", "source", "onnx"])
     for e in errors:
         click.echo(f"error: {e}", err=True)
     if errors:
@@ -168,7 +174,7 @@ def models_check(ctx: click.Context, name: str, image: Path | None, expect_input
       worker models check my-classifier --image cat.jpg --expect-output cat_logits.npy --dump /tmp/parity
       worker models check my-yolov8 --images val/images --expect-results runs/val/predictions.json
     """
-    from worker.models.card import find_card
+    from worker.models.lookup import find_card
     from worker.models.parity import DEFAULT_ATOL, DEFAULT_RTOL
     from worker.models.parity_check import check_parity
     from worker.service import ready_model
@@ -229,11 +235,15 @@ def _check_results(cfg: Config, m: ReadyModel, images: Path, expected: Path, min
 @click.option("--task", type=click.Choice(["classify", "detect", "segment"]),
               help="What the model does, where its metadata does not say (an Ultralytics export says).")
 @click.option("--force", is_flag=True, help="Write over a card of that name.")
+@click.option("--models-dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Write the card under this folder (default: the config's models_dir, models/ beside it).")
 @click.pass_context
-def models_init(ctx: click.Context, name: str, onnx_file: Path, task: str | None, force: bool) -> None:
-    """Write models/NAME/model.yaml from what an export says of itself: an Ultralytics export's task, input
-    size, class names, keypoints and layout; otherwise its input's shape. Each inferred value is commented
-    so, and what the file does not say is marked for you to set; then check the card.
+def models_init(ctx: click.Context, name: str, onnx_file: Path, task: str | None, force: bool,
+                models_dir: Path | None) -> None:
+    """Write <models_dir>/NAME/model.yaml from what an export says of itself: an Ultralytics export's task,
+    input size, class names, keypoints and layout; otherwise its input's shape. Each inferred value is
+    commented so, and what the file does not say is marked for you to set; then check the card. It goes
+    among your cards (models/ beside the config file, or in the current folder), never into worker's own.
 
     \b
     Example:
@@ -243,7 +253,8 @@ def models_init(ctx: click.Context, name: str, onnx_file: Path, task: str | None
     from worker.models.init import write_card
 
     cfg = load_config(ctx)
-    path = write_card(cfg.models_dir, name, onnx_file, task, force)
+    path = write_card(models_dir.absolute() if models_dir is not None else cfg.models_dir, name, onnx_file, task,
+                      force)
     click.echo(path.read_text(), nl=False)
     click.echo(f"wrote {path}; check it against the model: worker models check {name}")
 
@@ -301,7 +312,7 @@ def models_pull(ctx: click.Context, name: str) -> None:
     Example:
       worker models pull ppocr-det
     """
-    from worker.models.card import find_card
+    from worker.models.lookup import find_card
     from worker.models.pull import pull
 
     cfg = load_config(ctx)

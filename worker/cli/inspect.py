@@ -238,7 +238,7 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
       worker export coco --model ppocr-det --rle -o text-regions.json
     """
     from worker.outputs.coco import coco
-    from worker.models.card import find_card
+    from worker.models.lookup import find_card
     from worker.models.pull import with_labels
     from worker.store.db import database
     from worker.store.queries import Filters, run_model

@@ -367,33 +367,3 @@ def load_card(path: Path) -> ModelCard:
         raise ConfigError(f"{path}: 'postprocess.activation' applies to classify and segment models, and to a "
                           f"detector of layout detr as 'sigmoid' (class logits, as RF-DETR exports them)")
     return card
-
-
-def find_card(models_dir: Path, name: str) -> ModelCard:
-    path = models_dir / name / "model.yaml"
-    if not path.exists():
-        if not models_dir.is_dir():
-            raise _no_models_dir(models_dir)
-        known = ", ".join(sorted(p.parent.name for p in models_dir.glob("*/model.yaml"))) or "none"  # unparsed
-        raise ConfigError(f"model '{name}': no card at {path} (known models: {known})")
-    return load_card(path)
-
-
-def _no_models_dir(models_dir: Path) -> ConfigError:
-    """The default models_dir (the checkout's models/, or a wheel's copy) is always there; a configured one
-    may not be (a typo, an unmounted share)."""
-    return ConfigError(f"no model cards: {models_dir} is not a folder (set models_dir in the config to a "
-                       f"folder of cards, or leave it out for the cards that come with worker)")
-
-
-def list_cards(models_dir: Path) -> tuple[list[ModelCard], list[ConfigError]]:
-    """Every card under models_dir that loads, and the reason for each one that does not (a card
-    being edited must not hide the others)."""
-    cards: list[ModelCard] = []
-    errors: list[ConfigError] = [] if models_dir.is_dir() else [_no_models_dir(models_dir)]
-    for path in sorted(models_dir.glob("*/model.yaml")):
-        try:
-            cards.append(load_card(path))
-        except ConfigError as e:
-            errors.append(e)
-    return cards, errors

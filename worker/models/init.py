@@ -5,10 +5,12 @@ commented so, and what it could not know is said, for the user to check (`worker
 from __future__ import annotations
 
 import ast
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from worker.errors import CheckInputError
+from worker.models.lookup import bundled_cards
 from worker.models.exported import _CARD_TASK, _kpt_shape, exported_labels
 
 TASKS = ("classify", "detect", "segment")
@@ -87,7 +89,7 @@ def card_text(name: str, onnx: Path, task: str | None) -> str:
         if ultra else "export without Ultralytics' metadata"
     lines = [f"# Written by `worker models init` from {onnx.name}, an {said}. Every value marked `inferred` comes",
              "# from the file; the rest is a guess to check: worker models check " + name + " --image IMG --expect-input X.npy",
-             f"name: {name}", f"task: {task}", f"onnx: {onnx.absolute()}",
+             f"name: {name}", f"task: {task}", f"onnx: {os.path.abspath(onnx)}",
              f"input: {{name: {export.input_name}, size: {size or [640, 640]}, dynamic_batch: {str(dynamic).lower()}"
              + (f", layout: {layout}" if layout != "nchw" else "") + "}"
              + f"  # inferred: name, layout and batch from the input {list(dims)}; size from {size_from}"]
@@ -132,6 +134,11 @@ def card_text(name: str, onnx: Path, task: str | None) -> str:
 
 
 def write_card(models_dir: Path, name: str, onnx: Path, task: str | None, force: bool) -> Path:
+    """The card, written as <models_dir>/NAME/model.yaml: never among worker's own cards (an upgrade replaces
+    those, and a checkout's would carry it into the next wheel)."""
+    if models_dir.absolute() == bundled_cards().absolute():
+        raise CheckInputError(f"{models_dir} holds the cards that come with worker: write yours elsewhere "
+                              f"(--models-dir DIR, or models_dir in the config)")
     text = card_text(name, onnx, task)
     path = models_dir / name / "model.yaml"
     if path.exists() and not force:

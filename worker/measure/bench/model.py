@@ -19,7 +19,8 @@ from worker.measure.bench.loops import (_best_rate, _default_session, _mean_rate
 from worker.measure.bench.results import CorpusResult, _Round, median
 from worker.measure.bench.steady import Steady, _bench_heap_frozen, _copies_note, _steady, first_by_stage
 from worker.measure.samples import fetch_samples
-from worker.models.card import ModelCard, find_card
+from worker.models.card import ModelCard
+from worker.models.lookup import find_card
 from worker.models.pull import pull, with_labels
 from worker.runtime.engine import Engine, wanted_providers
 from worker.runtime.model_output import ModelOutput
