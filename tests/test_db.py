@@ -14,7 +14,7 @@ from tests.conftest import read_only_view
 from tests.support.userns import own_user_namespace
 from worker.errors import StoreError
 from worker.service import run_folder
-from worker.store.db import downgrade, make_engine, open_db, upgrade
+from worker.store.db import database, downgrade, make_engine, open_db, upgrade
 from worker.store.schema import ImageRow, Run
 
 
@@ -320,3 +320,21 @@ def test_workers_starting_at_once_on_a_new_database_migrate_it_once(tmp_path: Pa
         for t in threads:
             t.join()
         assert not errors, errors
+
+
+def test_a_missing_folder_for_the_database_is_made_one_deep_and_never_at_the_root(tmp_path: Path, caplog) -> None:
+    """var/ of var/worker.db is made (and said); a path of missing folders, or one at the filesystem's root (a
+    share not mounted there), is refused naming it: before, both were made silently."""
+    import logging
+    import uuid
+
+    caplog.set_level(logging.INFO, logger="worker.store.db")
+    with database(f"sqlite:///{tmp_path / 'var' / 'worker.db'}"):
+        pass
+    assert (tmp_path / "var" / "worker.db").is_file() and f"made the folder {tmp_path / 'var'}" in caplog.text
+    with pytest.raises(StoreError, match=f"its folder {tmp_path / 'a' / 'b'} does not exist \\(nor does {tmp_path / 'a'}\\)"):
+        open_db(f"sqlite:///{tmp_path / 'a' / 'b' / 'w.db'}")
+    top = Path("/") / f"worker-test-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(StoreError, match="worker makes no folder at the filesystem's root"):
+        open_db(f"sqlite:///{top / 'w.db'}")
+    assert not top.exists() and not (tmp_path / "a").exists()

@@ -182,6 +182,41 @@ def test_an_inbox_deleted_and_made_again_is_watched_again(cfg, samples: Path, ob
     assert (cfg.archive / "done" / "after.png").exists()
 
 
+def test_an_outbox_deleted_while_watching_is_made_again_and_locked_again(cfg, samples: Path, tmp_path: Path,
+                                                                        caplog) -> None:
+    """A cleanup script removes the outbox: the next result would make it again as a new folder that the lock
+    on the old one does not guard (a second watcher could write into it). The worker says so, makes it again
+    and locks it; a second watcher into it still refuses to start."""
+    from worker.errors import WorkerError
+
+    cfg.inbox.mkdir(parents=True)
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        shutil.copy(samples / "coffee.png", cfg.inbox / "before.png")
+        assert wait_for(lambda: len(w.finished) == 1, timeout=60)
+        shutil.rmtree(cfg.outbox)
+        assert wait_for(lambda: "the outbox is gone (deleted, or its filesystem unmounted): made again" in caplog.text,
+                        timeout=30)
+        assert cfg.outbox.is_dir()
+        other = dataclasses.replace(cfg, inbox=tmp_path / "other-inbox")
+        with pytest.raises(WorkerError, match="another worker watches into this outbox"):
+            watch(other, threading.Event(), burst=True)
+        shutil.copy(samples / "coffee.png", cfg.inbox / "after.png")
+        assert wait_for(lambda: len(w.finished) == 2, timeout=60)
+    assert (cfg.outbox / "after.png.json").is_file()
+
+
+def test_an_outbox_that_cannot_be_made_is_one_line(cfg, tmp_path: Path) -> None:
+    """An outbox to be made on a read-only filesystem: a traceback from the outbox lock before."""
+    from worker.errors import ConfigError
+
+    (tmp_path / "ro").mkdir()
+    cfg.inbox.mkdir(parents=True)
+    with read_only_view(tmp_path / "ro", tmp_path / "ro") as ro:
+        with pytest.raises(ConfigError, match=f"'outbox' \\({ro / 'out'}\\) cannot be created: Read-only file system"):
+            watch(dataclasses.replace(cfg, outbox=ro / "out"), threading.Event(), burst=True)
+
+
 def test_a_read_only_inbox_gives_results_and_reads_each_file_once(cfg, samples: Path, caplog, request) -> None:
     """A read-only share as the inbox: inputs cannot be moved out. Each gets its result, the log says
     why it stays (once per file, not at every rescan), and rescans do not read it again."""

@@ -21,7 +21,7 @@ from worker.runtime.engine import DEFAULT_INTRA_OP_THREADS, Engine, default_max_
 from worker.errors import ConfigError
 from worker.intake.scan import extension_of, walk
 from worker.intake.intake import Intake
-from worker.intake.watch import WatchedInbox, inbox_lock, outbox_lock
+from worker.intake.watch import LockedOutbox, WatchedInbox, inbox_lock
 from worker.intake.jobs import Job, JobStatus
 from worker.host.memory import stabilize_allocator
 from worker.models.card import ModelCard, settings_digest
@@ -293,12 +293,13 @@ def watch(cfg: Config, stop: threading.Event, burst: bool = False,
     if cfg.inputs.watch != "keep" and not os.access(inbox, os.W_OK):  # a read-only share: results still come
         log.error("%s is not writable: processed inputs cannot be moved or deleted; they stay in the inbox "
                   "(each is read once per start)", inbox)
-    # before the locks: an outbox that is the inbox would otherwise be said to be another watcher's
-    _refuse_inside(cfg, inbox, _archive(cfg, cfg.inputs.watch))
+    # before the locks: an outbox that is the inbox would otherwise be said to be another watcher's; one that
+    # cannot be made is said in one line
+    _check_dirs(cfg, inbox, _archive(cfg, cfg.inputs.watch))
     if uses_queue(cfg):  # several watchers on one inbox, on as many hosts: the claim queue shares it out
         return _watch(cfg, inbox, stop, burst, on_finished, ready, fleet=True)
-    with inbox_lock(inbox), outbox_lock(cfg.outbox, inbox):
-        return _watch(cfg, inbox, stop, burst, on_finished, ready)
+    with inbox_lock(inbox), LockedOutbox(cfg.outbox, inbox) as outbox:
+        return _watch(cfg, inbox, stop, burst, on_finished, ready, outbox=outbox)
 
 
 def _check_inbox(cfg: Config, inbox: Path) -> None:
@@ -321,7 +322,7 @@ def _check_inbox(cfg: Config, inbox: Path) -> None:
 
 def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
            on_finished: Callable[[Job, JobStatus], None] | None, ready: threading.Event | None,
-           fleet: bool = False) -> Summary:
+           fleet: bool = False, outbox: LockedOutbox | None = None) -> Summary:
     intake: Intake | None = None
 
     def finished(job: Job, status: JobStatus) -> None:
@@ -344,6 +345,8 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
         def check() -> None:  # every pass of the intake loop, and while it waits for room in the pipeline
             if watched is not None:
                 watched.check()
+            if outbox is not None:
+                outbox.check()
             status.tick()
 
         if pipeline.leases is not None:

@@ -161,6 +161,46 @@ def outbox_lock(outbox: Path, inbox: Path) -> Iterator[None]:
         yield
 
 
+class LockedOutbox:
+    """`outbox_lock` held while watching, and taken again when the outbox folder is replaced.
+
+    An outbox deleted (a cleanup script, an operator) is made again by the next result written, as a new
+    folder that the lock on the old one does not guard: a second watcher could then write into it.
+    `check()` notices within INBOX_CHECK_S, says so in the log, makes the folder again where it is gone,
+    and locks it; where another watcher has locked it meanwhile, the watcher stops (WorkerError)."""
+
+    def __init__(self, outbox: Path, inbox: Path) -> None:
+        self.outbox, self.inbox = outbox, inbox
+        self._lock = contextlib.ExitStack()
+        self._lock.enter_context(outbox_lock(outbox, inbox))
+        self._identity = folder_identity(outbox)
+        self._next_check = time.monotonic() + INBOX_CHECK_S
+
+    def check(self) -> None:
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + INBOX_CHECK_S
+        identity = folder_identity(self.outbox)
+        if identity is not None and identity == self._identity:
+            return
+        log.error("%s: the outbox %s: the results written before are not in it; locking the folder there now",
+                  self.outbox, "is gone (deleted, or its filesystem unmounted): made again" if identity is None
+                  else "was replaced (deleted and made again, or mounted again)")
+        self._lock.close()
+        try:
+            self._lock.enter_context(outbox_lock(self.outbox, self.inbox))
+        except OSError as e:
+            raise WorkerError(f"{self.outbox}: the outbox is gone and cannot be made again: {e.strerror or e}") from None
+        self._identity = folder_identity(self.outbox)
+
+    def __enter__(self) -> "LockedOutbox":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.close()
+
+
 @contextlib.contextmanager
 def inbox_lock(inbox: Path) -> Iterator[None]:
     """Hold an exclusive lock on the inbox folder itself (no lock file) while watching it.

@@ -51,6 +51,23 @@ def _parse(url: str) -> URL:
                          f"postgresql+psycopg://USER@HOST/DBNAME)") from None
 
 
+def _make_folder(folder: Path, database: str) -> None:
+    """A SQLite file's folder, made when missing: one folder (var/ of var/worker.db), never a path of them nor
+    one at the filesystem's root (a share not mounted there would put the history on the system disk)."""
+    if folder.is_dir():
+        return
+    if not folder.parent.is_dir() or folder.parent == Path(folder.anchor):
+        why = "worker makes no folder at the filesystem's root" if folder.parent.is_dir() else \
+            f"nor does {folder.parent}"
+        raise StoreError(f"database {database}: its folder {folder} does not exist ({why}): make it, or check the "
+                         f"path (a share not mounted?)")
+    try:
+        folder.mkdir(exist_ok=True)
+    except OSError as e:
+        raise StoreError(f"database {database}: cannot create its folder: {e.strerror or e}") from None
+    log.info("made the folder %s for the database", folder)
+
+
 def make_engine(url: str) -> Engine:
     """A SQLAlchemy engine; for SQLite: WAL, busy timeout, foreign keys, parent folder created."""
     u = _parse(url)
@@ -68,10 +85,7 @@ def make_engine(url: str) -> Engine:
             raise StoreError(f"database URL {url!r}: its driver is not installed ({e}); for PostgreSQL: "
                              f"pip install -e '.[postgres]' and postgresql+psycopg://USER@HOST/DBNAME") from None
     if u.database and u.database != ":memory:":
-        try:
-            Path(u.database).parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise StoreError(f"database {u.database}: cannot create its folder: {e}") from None
+        _make_folder(Path(u.database).absolute().parent, u.database)
     engine = create_engine(url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
 
     @event.listens_for(engine, "connect")
