@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import cv2
@@ -55,3 +56,42 @@ def test_files_over_64_mib_are_read_whole(cfg, effnet_onnx, tmp_path: Path) -> N
         assert result["sha256"] == rows[name].sha256
         assert result["image"] == {"width": width, "height": height}, name
 
+
+
+def _garbled_jpeg(samples: Path) -> bytes:
+    """rocket.jpg re-encoded, 2,000 bytes of its entropy-coded data overwritten: libjpeg decodes it, warning."""
+    image = cv2.imread(str(samples / "rocket.jpg"))
+    data = bytearray(cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes())
+    middle = len(data) // 2
+    data[middle:middle + 2000] = np.random.default_rng(1).bytes(2000)
+    return bytes(data)
+
+
+def test_a_jpeg_damaged_in_the_middle_is_done_with_a_warning(cfg, effnet_onnx, samples: Path, tmp_path: Path,
+                                                            capfd) -> None:
+    """Decoded as libjpeg (and OpenCV) recover it, the same pixels; done, its warning in the JSON, in the
+    database and in the log: before, done with no word but libjpeg's own line on stderr."""
+    from worker.images import decode
+
+    data = _garbled_jpeg(samples)
+    notes: list[str] = []
+    image = decode(data, "garbled.jpg", 10**8, notes=notes)
+    assert notes and "damaged JPEG data" in notes[0] and "Corrupt JPEG data" in notes[0], notes
+    reference = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    assert np.abs(image.astype(int) - reference.astype(int)).max() <= 1
+    decode((samples / "rocket.jpg").read_bytes(), "rocket.jpg", 10**8, notes=notes)
+    assert len(notes) == 1  # a sound JPEG says nothing
+    folder = tmp_path / "scans"
+    folder.mkdir()
+    (folder / "garbled.jpg").write_bytes(data)
+    shutil.copy(samples / "rocket.jpg", folder / "rocket.jpg")
+    capfd.readouterr()
+    cfg = dataclasses.replace(cfg, model="efficientnet-lite0")
+    assert run_folder(cfg, folder).figures["done"] == 2
+    assert "Corrupt JPEG data" not in capfd.readouterr().err  # libjpeg's own line no more
+    rows = image_rows(cfg)
+    assert rows["garbled.jpg"].status == "done" and rows["garbled.jpg"].error.startswith("warning: damaged JPEG data")
+    assert rows["rocket.jpg"].error is None
+    result = json.loads((cfg.outbox / "garbled.jpg.json").read_text())
+    assert result["warnings"] == notes and "warnings" not in json.loads((cfg.outbox / "rocket.jpg.json").read_text())
+    assert result["model_input"] == {"width": 224, "height": 224}

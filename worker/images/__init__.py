@@ -43,14 +43,15 @@ Image.MAX_IMAGE_PIXELS = None  # we apply our own, configurable limit below
 cv2.setNumThreads(1)  # decode threads are ours; OpenCV's own pool would oversubscribe the cores
 
 
-def decode(data: bytes, name: str, max_pixels: int, depth: int = 8) -> np.ndarray:
+def decode(data: bytes, name: str, max_pixels: int, depth: int = 8, notes: list[str] | None = None) -> np.ndarray:
     """Decode to BGR (H, W, 3), uint8; with `depth` 16, uint16: a 16-bit file's own pixels, any other
     widened (255 -> 65535); with `depth` 32, float32: a 32-bit file's own samples (float or integer),
     any other file's pixels at their own depth (0-255 or 0-65535). Raises DecodeError or ImageTooLarge
-    with the file name."""
+    with the file name. What the decoder recovered from (a JPEG's corrupt data, decoded as libjpeg fills
+    it) is appended to `notes`."""
     if depth == 32:
         return _decode_samples(data, name, max_pixels)
-    img = _decode(data, name, max_pixels, deep=depth == 16)
+    img = _decode(data, name, max_pixels, deep=depth == 16, notes=notes)
     return widen(img) if depth == 16 and img.dtype == np.uint8 else img
 
 
@@ -74,7 +75,8 @@ def _decode_samples(data: bytes, name: str, max_pixels: int) -> np.ndarray:
     return _as_samples(img, name)
 
 
-def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = False) -> np.ndarray:
+def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = False,
+            notes: list[str] | None = None) -> np.ndarray:
     """BGR (H, W, 3), uint8, or with `deep` a 16-bit file's uint16 (JPEGs are 8-bit either way), and
     with `floats` too an HDR format's float32 (Radiance, a TIFF's LogLuv) as OpenCV decodes it."""
     if not data:
@@ -88,8 +90,17 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = 
         if jpeg is not None and jpeg.plain:
             try:  # the same libjpeg-turbo decode as OpenCV's, with less overhead (see the module docstring)
                 return simplejpeg.decode_jpeg(data, colorspace="BGR", fastdct=False, fastupsample=False)
-            except ValueError:  # anything libjpeg merely warns about: OpenCV's tolerance decides, below
-                pass
+            except ValueError as e:  # what libjpeg warns about: decoded as it (and OpenCV) recovers, and said
+                try:
+                    img = simplejpeg.decode_jpeg(data, colorspace="BGR", fastdct=False, fastupsample=False,
+                                                 strict=False)
+                except ValueError:  # beyond what libjpeg recovers from: OpenCV's tolerance decides, below
+                    pass
+                else:
+                    if notes is not None:
+                        notes.append(f"damaged JPEG data, decoded as libjpeg recovers it (part of the image may "
+                                     f"be grey or smeared): {e}")
+                    return img
     elif data[:8] == PNG_SIGNATURE:
         data = _without_colour_profile(data)
     elif _animated_webp(data):  # OpenCV refuses it, with an ERROR line on stderr each time: Pillow's
@@ -169,7 +180,7 @@ _REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2
 
 
 def decode_reduced(data: bytes, name: str, max_pixels: int, needed: Callable[[tuple[int, int]], tuple[int, int]],
-                   depth: int = 8) -> tuple[np.ndarray, tuple[int, int]]:
+                   depth: int = 8, notes: list[str] | None = None) -> tuple[np.ndarray, tuple[int, int]]:
     """Like decode, but a large JPEG is decoded at 1/2, 1/4 or 1/8 scale (libjpeg's DCT scaling,
     several times cheaper) when the result still has at least `needed(orig_hw)` pixels.
     Returns (image, original upright (height, width)). Opt-in: results change slightly."""
@@ -182,5 +193,5 @@ def decode_reduced(data: bytes, name: str, max_pixels: int, needed: Callable[[tu
             img = cv2.imdecode(np.frombuffer(data, dtype=np.uint8), _REDUCED[k])
             if img is not None:
                 return (widen(img) if depth == 16 else img.astype(np.float32) if depth == 32 else img), orig
-    img = decode(data, name, max_pixels, depth)
+    img = decode(data, name, max_pixels, depth, notes)
     return img, (img.shape[0], img.shape[1])

@@ -160,7 +160,10 @@ class FinishStage(StageState):
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
         item.timings["postprocess_ms"] = (t1 - t0) * 1000
         image = {"width": w, "height": h, **({"pages": item.pages} if item.pages > 1 else {})}
-        document = {**self._document_head(item, JobStatus.DONE), "image": image, **result.summary(),
+        in_h, in_w = item.geometry.input_hw or self._size_hw  # type: ignore[union-attr]
+        document = {**self._document_head(item, JobStatus.DONE), "image": image,
+                    "model_input": {"width": in_w, "height": in_h},  # a rect letterbox's varies by image
+                    **({"warnings": item.warnings} if item.warnings else {}), **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in JSON_TIMINGS}}
         json_path, outputs = self.outbox.write(job.rel, result, document, item.image, item.pages)
@@ -169,7 +172,10 @@ class FinishStage(StageState):
         item.timings["write_ms"] = (t2 - t1) * 1000
         if outputs.overlay is not None:  # recorded with the result, as the JSON names it
             document = {**document, "overlay": outputs.overlay}
+        if item.warnings:
+            log.warning("%s: %s", job.key, "; ".join(item.warnings))
         return Finished(job.key, item.sha256, item.size, JobStatus.DONE, task=self.card.task,
+                        error="; ".join(f"warning: {w}" for w in item.warnings) or None,
                         score=top_score(result), payload=document, json_path=json_path, mask_path=outputs.mask,
                         labels=tuple(labels_of(result)), timings=self._timings(item),
                         committed=self._committed())

@@ -99,6 +99,7 @@ class Item:
     taken: bool = False  # in another live worker's hands (its claim came first): left to it
     given_back: bool = False  # claimed, not inferred when the run was stopped: to be queued again, uncharged
     timings: dict[str, float] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # what decoding recovered from (a damaged JPEG)
     batch_size: int = 0
     pages: int = 1  # pages or frames in the file (a multi-page TIFF, an animated GIF)
     page: int = 0  # which of them this item is (0: the first; with all_pages the others follow it as items)

@@ -196,9 +196,10 @@ class PrepareStage(StageState):
         else:
             assert data is not None
             if self.settings.jpeg_reduce and not self.settings.keep_image:
-                image, orig_hw = decode_reduced(data, job.key, self.settings.max_pixels, self._needed, self._depth)
+                image, orig_hw = decode_reduced(data, job.key, self.settings.max_pixels, self._needed, self._depth,
+                                                item.warnings)
             else:
-                image = decode(data, job.key, self.settings.max_pixels, self._depth)
+                image = decode(data, job.key, self.settings.max_pixels, self._depth, item.warnings)
                 orig_hw = (image.shape[0], image.shape[1])
             pages = frames(data)
         if pages > 1:
