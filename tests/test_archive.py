@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
 
 from tests.conftest import read_only_view
@@ -89,3 +90,46 @@ def test_an_inbox_that_cannot_be_written_is_said_once_per_content(tmp_path: Path
             moves.archive(job, JobStatus.DONE, identity(job.path))
         assert moves.stuck(job) and job.path.exists()
         assert caplog.text.count("cannot archive a.png") == 1 and "not read again unless it changes" in caplog.text
+
+
+def test_folders_emptied_by_moves_are_removed_once_quiet_and_nothing_else(tmp_path: Path) -> None:
+    inbox, archive = tmp_path / "inbox", tmp_path / "archive"
+    moves = InputArchive("move", archive, empty_folders_s=60)
+    deep, deep_id = _input(inbox, "2026-12-08/line3/a.png")
+    shared, shared_id = _input(inbox, "shared/b.png")
+    _input(inbox, "shared/c.txt")  # not an input: keeps its folder
+    top, top_id = _input(inbox, "d.png")
+    for job, read_as in ((deep, deep_id), (shared, shared_id), (top, top_id)):
+        moves.archive(job, JobStatus.DONE, read_as)
+    moves.sweep()
+    assert (inbox / "2026-12-08" / "line3").is_dir()  # emptied just now: a writer may still be writing there
+    old = time.time() - 120
+    for folder in (inbox / "2026-12-08" / "line3", inbox / "2026-12-08", inbox / "shared"):
+        os.utime(folder, (old, old))
+    moves._emptied._next = 0  # the next sweep now, not in SWEEP_S
+    moves.sweep()
+    assert not (inbox / "2026-12-08").exists(), "the emptied folder, then its emptied parent"
+    assert (inbox / "shared" / "c.txt").is_file() and inbox.is_dir()  # a file in it, and the inbox itself, stay
+    kept = InputArchive("move", archive, empty_folders_s=0)  # 0: folders are left in place
+    again, again_id = _input(inbox, "later/e.png")
+    kept.archive(again, JobStatus.DONE, again_id)
+    os.utime(inbox / "later", (old, old))
+    kept.sweep()
+    assert (inbox / "later").is_dir()
+
+
+def test_a_watcher_removes_the_folders_it_emptied(cfg, samples: Path) -> None:
+    import dataclasses
+    import shutil
+
+    from tests.conftest import wait_for
+    from tests.support.watching import Watching
+
+    cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, empty_folders_s=0.3))
+    (cfg.inbox / "day" / "line3").mkdir(parents=True)
+    shutil.copy(samples / "coffee.png", cfg.inbox / "day" / "line3" / "a.png")
+    with Watching(cfg) as w:
+        assert w.ready.wait(120) and w.error is None
+        assert wait_for(lambda: len(w.finished) == 1, timeout=60)
+        assert wait_for(lambda: not (cfg.inbox / "day").exists(), timeout=30)
+        assert cfg.inbox.is_dir() and (cfg.archive / "done" / "day" / "line3" / "a.png").is_file()

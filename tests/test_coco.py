@@ -130,3 +130,21 @@ def test_a_segmenters_regions_export_as_coco_polygons_that_pycocotools_reads_bac
     (outbox / "page.png.mask.png").unlink()  # a mask deleted since: nothing to trace, nothing recorded
     doc = json.loads(r.invoke(cli, ["--config", str(conf), "export", "coco", "--path", "page.png"]).stdout)
     assert len(doc["images"]) == 1 and doc["annotations"] == []
+
+
+def test_export_to_a_terminal_asks_for_a_file_and_a_pipe_gets_the_json(tmp_path: Path, samples: Path,
+                                                                       ppocr_onnx: Path) -> None:
+    """Without -o on a terminal: one line asking for a file (before: the whole JSON scrolled past, 54,000 lines
+    for a real run); redirected, the JSON as before."""
+    import subprocess
+    import sys
+
+    from tests.support.terminal import on_a_terminal
+
+    conf, _ = cli_run(tmp_path, samples, ("page.png", "text.png"), "model: ppocr-det\n")
+    code, said = on_a_terminal([sys.executable, "-m", "worker", "--config", str(conf), "export", "coco"])
+    assert code == 2 and said.strip().startswith("error: the COCO JSON of 2 images and ") and \
+        "annotations is for a file: -o FILE" in said and said.count("\n") == 1, said
+    piped = subprocess.run([sys.executable, "-m", "worker", "--config", str(conf), "export", "coco"],
+                           capture_output=True, text=True)
+    assert piped.returncode == 0 and len(json.loads(piped.stdout)["images"]) == 2, piped.stderr

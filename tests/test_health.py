@@ -106,13 +106,21 @@ def test_health_of_a_real_watcher_alive_then_killed(tmp_path: Path, samples: Pat
         assert f"(watch) running: pid {proc.pid} on {socket.gethostname()}" in alive.stdout
         as_json = json.loads(worker(conf, "health", "--format", "json").stdout)
         assert as_json["state"] == "running" and as_json["in_flight"] == 0
-        assert worker(conf, "health", "--inbox", str(tmp_path / "elsewhere")).returncode == 1  # no watch there
+        # no watch there: the watchers it can see in the database are named
+        elsewhere = worker(conf, "health", "--inbox", str(tmp_path / "elsewhere"))
+        assert elsewhere.returncode == 1 and f"no watch run on {tmp_path / 'elsewhere'} on record: the watchers in " \
+            f"this database are\n  run 1 on {socket.gethostname()} watching {tmp_path / 'inbox'}: running" in \
+            elsewhere.stdout, elsewhere.stdout
+        as_json = json.loads(worker(conf, "health", "--inbox", str(tmp_path / "elsewhere"), "--format", "json").stdout)
+        assert [w["inbox"] for w in as_json["watchers"]] == [str(tmp_path / "inbox")]
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(30)
         proc.stderr.close()  # type: ignore[union-attr]
     gone = worker(conf, "health")
     assert gone.returncode == 1 and "stopped without finishing" in gone.stdout, gone
+    elsewhere = worker(conf, "health", "--inbox", str(tmp_path / "elsewhere"))  # a dead watcher is not named
+    assert elsewhere.stdout == f"no watch run on {tmp_path / 'elsewhere'} on record\n", elsewhere.stdout
     stats = worker(conf, "stats")
     assert stats.returncode == 0 and "state: stopped without finishing" in stats.stdout, stats
     run = json.loads(worker(conf, "stats", "--format", "json").stdout)[-1]

@@ -74,6 +74,9 @@ class InputsConfig:
 
     watch: InputAction = "move"  # move: to <archive>/done|failed/<rel>; delete: done ones deleted, failed moved
     run: InputAction = "keep"  # keep: left where it is; move and delete as for watch
+    # a subfolder of the inbox that moving (or deleting) its inputs left empty is removed once it has not
+    # changed for this long (a writer that made it may still be writing into it); 0: left in place
+    empty_folders_s: float = 300.0
 
 
 @dataclass(frozen=True)

@@ -189,7 +189,7 @@ def open_pipeline(cfg: Config, mode: str, root: Path, inputs: InputAction | None
                             max_pixels=p.max_pixels, max_attempts=max(1, p.max_attempts),
                             memory_sample_s=cfg.metrics.memory_sample_s or 5.0, inputs=inputs, archive=archive,
                             keep_image=cfg.outputs.overlays, replay=replay, jpeg_reduce=p.jpeg_reduce,
-                            all_pages=p.pages == "all")
+                            all_pages=p.pages == "all", empty_folders_s=cfg.inputs.empty_folders_s)
         if processes > 1:
             log.info("pipeline: %d prepare processes of %d decode threads each, batches of up to %d",
                      processes - 1, settings.decode_workers, settings.max_batch)

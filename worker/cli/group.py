@@ -27,7 +27,7 @@ def load_config(ctx: click.Context, inputs: InputAction | None = None, pages: Pa
     if metrics_port is not None:  # --metrics-port
         cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, port=metrics_port))
     if inputs is not None:  # --inputs: for the command it is given to (watch or run)
-        field: dict[str, InputAction] = {str(ctx.command.name): inputs}
+        field: dict[str, Any] = {str(ctx.command.name): inputs}
         cfg = dataclasses.replace(cfg, inputs=dataclasses.replace(cfg.inputs, **field))
     if pages is not None:  # --pages
         cfg = dataclasses.replace(cfg, pipeline=dataclasses.replace(cfg.pipeline, pages=pages))

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from worker.errors import ConfigError
+from worker.errors import CheckInputError, ConfigError
 
 from worker.cli.args import duration_s, optional_time
 from worker.cli.group import cli, db_option, label_filter, load_config, model_filter, path_filter, run_filter
@@ -184,7 +184,7 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
     """
     from worker.service import low_disk
     from worker.store.db import database
-    from worker.store.stats import run_health
+    from worker.store.stats import other_watchers, run_health
 
     cfg = load_config(ctx, db=db, inbox=inbox)
     root = None if run_id is not None else str(cfg.inbox.absolute())
@@ -192,8 +192,17 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
         h = run_health(engine, run_id=run_id, root=root, stall_s=duration_s(stalled_after))
     if h is None:
         what = f"run {run_id}" if run_id is not None else f"watch run on {root}"
-        click.echo(json.dumps({"state": None, "detail": f"no {what} on record"}) if fmt == "json"
-                   else f"no {what} on record")
+        with database(cfg.db, create=False, read_only=True) as engine:
+            others = other_watchers(engine, duration_s(stalled_after)) if run_id is None else []
+        if fmt == "json":
+            click.echo(json.dumps({"state": None, "detail": f"no {what} on record",
+                                   "watchers": [o.as_dict() | {"inbox": inbox, "host": host}
+                                                for o, inbox, host in others]}))
+        else:
+            click.echo(f"no {what} on record" + (": the watchers in this database are" if others else ""))
+            for o, watched, host in others:
+                click.echo(f"  run {o.run} on {host} watching {watched}: {o.state.value} "
+                           f"(worker health --inbox {watched})")
         sys.exit(1)
     low = low_disk(cfg, cfg.inputs.watch)  # this host's filesystems the config writes to
     click.echo(json.dumps(h.as_dict() | {"low_disk": low}) if fmt == "json"
@@ -218,7 +227,8 @@ def export() -> None:
 @click.option("--min-score", type=float, help="Only images with a box or region at or above this score.")
 @click.option("--model", help="Detection or segmentation model whose results are exported; its card names the "
                              "categories (default: --run's model, else the config's).")
-@click.option("-o", "--output", type=click.Path(path_type=Path), help="File to write (default: stdout).")
+@click.option("-o", "--output", type=click.Path(path_type=Path),
+              help="File to write (default: standard output, when it is not a terminal).")
 @db_option
 @click.option("--outbox", type=click.Path(path_type=Path),
               help="Where the masks are (default: the outbox of the run that made each result).")
@@ -260,6 +270,9 @@ def export_coco(ctx: click.Context, run_id: int | None, path_glob: str | None, l
         click.echo(f"no done results of model {card.name!r}{run} match: nothing written", err=True)
         sys.exit(1)
     text = json.dumps(doc, indent=1)
+    if output is None and sys.stdout.isatty():  # thousands of lines scrolling past help no one
+        raise CheckInputError(f"the COCO JSON of {len(doc['images'])} images and {len(doc['annotations'])} "
+                              f"annotations is for a file: -o FILE (or redirect: worker export coco > FILE)")
     if output is None:
         click.echo(text)
     else:

@@ -55,8 +55,9 @@ def emit_rows(rows: list[dict[str, Any]], fmt: str, columns: list[str], more: Se
 def _cell(v: Any, column: str = "") -> str:
     if v is None:
         return "-"
-    if isinstance(v, float):
-        return f"{v:.4g}"
+    if isinstance(v, float):  # four significant digits, never an exponent (1.699e+04 ms is 16990 ms)
+        return f"{v:.4g}" if 1e-3 <= abs(v) < 1e4 or v == 0 else f"{v:.0f}" if abs(v) >= 1e4 else \
+            f"{v:.6f}".rstrip("0").rstrip(".")
     s = printable(str(v))  # a name's newline would break the table's rows (the JSON and CSV keep it)
     # only the error is cut to keep a table readable (the JSON and CSV have it whole); a path never is:
     # its end, the file's name, is what the reader looks for

@@ -110,7 +110,8 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
                         accepted_digests(card, False) | accepted_digests(card, True), as_text(str(outbox.root)))
         self._ledger = Ledger(db, card.name, recorder.root, done, shared)
         # moves, deletes or keeps each input once its outcome is committed (None: run leaves inputs alone)
-        self._inputs = InputArchive(settings.inputs, settings.archive, settings.remember_kept) \
+        self._inputs = InputArchive(settings.inputs, settings.archive, settings.remember_kept,
+                                    settings.empty_folders_s) \
             if settings.inputs is not None else None
         self._pending = 0
         self._idle = threading.Condition()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import logging
+import queue
 import threading
+import time
 from collections import OrderedDict
 from pathlib import Path
 from typing import Literal
@@ -25,6 +27,7 @@ Signature = tuple[int, int]  # (size, mtime_ns)
 ARCHIVED_REMEMBERED = 4096  # recent archive moves kept in memory (a few hundred KB)
 STUCK_REMEMBERED = 100_000  # inputs that could not be moved out of the inbox (about 10 MB at most)
 KEPT_REMEMBERED = 200_000  # inputs kept in the inbox by configuration (about 300 bytes each: 60 MB at most)
+SWEEP_S = 10.0  # emptied folders are looked at this often at most
 # a move that fails with one of these fails again at the next rescan: remembered, said once
 _STUCK_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT)
 from worker.pipeline.items import STOP
@@ -49,12 +52,55 @@ def _remember(memory: OrderedDict[str, Signature], rel: str, sig: Signature, bou
         memory.popitem(last=False)
 
 
+class EmptiedFolders:
+    """The inbox's subfolders that moving (or deleting) inputs may have emptied, removed once empty and unchanged
+    for `quiet_s` (a writer that made the folder may still be writing into it; a file put there keeps it), then
+    their parents up to the inbox, likewise. Removing only an empty folder (rmdir) never takes a file with it."""
+
+    def __init__(self, quiet_s: float) -> None:
+        self.quiet_s = quiet_s
+        self._folders: dict[Path, int] = {}  # folder -> how many of its parents are the inbox's subfolders too
+        self._next = 0.0
+
+    def note(self, job: Job) -> None:
+        if self.quiet_s > 0 and (depth := job.rel.count("/")):
+            self._folders[job.path.parent] = depth - 1
+
+    def sweep(self) -> None:
+        now = time.time()
+        if not self._folders or now < self._next:
+            return
+        self._next = now + min(self.quiet_s, SWEEP_S)
+        work = [(folder, above, False) for folder, above in self._folders.items()]
+        while work:
+            folder, above, quiet = work.pop()
+            try:
+                if any(folder.iterdir()):
+                    self._folders.pop(folder, None)  # not empty: what is in it is someone's
+                    continue
+                if not quiet and now - folder.stat().st_mtime < self.quiet_s:
+                    self._folders[folder] = above  # emptied (or written to) lately: asked again at a later sweep
+                    continue
+                # the parent's own quiet, before this removal changes its time
+                parent_quiet = above > 0 and now - folder.parent.stat().st_mtime >= self.quiet_s
+                folder.rmdir()
+            except OSError:  # gone already, or not ours to remove
+                self._folders.pop(folder, None)
+                continue
+            self._folders.pop(folder, None)
+            log.info("removed the emptied folder %s", folder)
+            if above:
+                work.append((folder.parent, above - 1, parent_quiet))
+
+
 class InputArchive:
     """Moves, deletes or keeps finished inputs (one thread calls `archive`; any thread may ask)."""
 
-    def __init__(self, mode: Literal["move", "delete", "keep"], root: Path | None, remember_kept: bool = True) -> None:
+    def __init__(self, mode: Literal["move", "delete", "keep"], root: Path | None, remember_kept: bool = True,
+                 empty_folders_s: float = 0.0) -> None:
         self.mode, self.root = mode, root  # root: needed by move and delete
         self._remember_kept = remember_kept
+        self._emptied = EmptiedFolders(empty_folders_s)
         self._lock = threading.Lock()  # guards the three memories below
         self._archived: OrderedDict[str, Signature] = OrderedDict()
         # done or failed on record, only the move failed: each rescan leaves them unread, and unlogged,
@@ -110,6 +156,11 @@ class InputArchive:
         else:
             with self._lock:
                 self._stuck.pop(job.rel, None)
+            self._emptied.note(job)
+
+    def sweep(self) -> None:
+        """Remove the subfolders the moves emptied that have not changed since (EmptiedFolders)."""
+        self._emptied.sweep()
 
     def _not_moved(self, job: Job, read_as: Identity | None, e: OSError | WorkerError) -> None:
         """A read-only or foreign inbox, or an archive on another disk that is full: remembered and said
@@ -132,7 +183,16 @@ class ArchiveStage(StageState):
     def _archive_loop(self) -> None:
         inputs = self._inputs
         assert inputs is not None  # the thread runs only with settings.inputs
-        while (entry := self._to_archive.get()) is not STOP:
+        every = min(SWEEP_S, self.settings.empty_folders_s or SWEEP_S)
+        while True:
+            try:
+                entry = self._to_archive.get(timeout=every)
+            except queue.Empty:
+                inputs.sweep()
+                continue
+            if entry is STOP:
+                break
+            inputs.sweep()
             job, status, committed, identity = entry
             # only once its row is durable: a crash before never loses the image; an outcome the
             # database refused leaves the input in the inbox, where the next rescan offers it again

@@ -44,6 +44,7 @@ class Settings:
     # not read it again (`kept`); None: the pipeline never touches inputs nor waits for commits (`run`)
     inputs: Literal["move", "delete", "keep"] | None = None
     archive: Path | None = None  # needed by move and delete
+    empty_folders_s: float = 0.0  # a subfolder emptied by moves is removed once unchanged this long (0: never)
     keep_image: bool = False  # carry the decoded image to the finish stage (overlays need it)
     replay: bool = False  # soak: process images again even when the ledger says done
     jpeg_reduce: bool = False  # decode big JPEGs at a reduced scale (never with keep_image)

@@ -13,7 +13,7 @@ from sqlalchemy import Engine, and_, exists, func, or_, select
 from worker.intake.jobs import JobStatus
 from worker.measure.metrics import percentiles, slope_per_hour, slope_se_per_hour
 from worker.store import tallies
-from worker.store.health import STALL_S, Beat, Health, assess, sample_period_s
+from worker.store.health import STALL_S, Beat, Health, RunState, assess, sample_period_s
 from worker.store.queries import STAGES, require_run
 from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
@@ -270,6 +270,20 @@ def run_health(db: Engine, run_id: int | None = None, root: str | None = None,
             return None
         beats = _latest_beats(c, dict(run), stall_s)
     return assess(dict(run), beats, utcnow(), stall_s)
+
+
+def other_watchers(db: Engine, stall_s: float = STALL_S, limit: int = 20) -> list[tuple[Health, str, str]]:
+    """The `watch` runs on record that are not finished and not gone (running, stalled, or another host's
+    and silent), latest first, as (health, inbox, host): what `health` names when asked about an inbox
+    that no watcher watches."""
+    q = select(Run).where(Run.mode == "watch", Run.finished_at.is_(None)).order_by(Run.id.desc()).limit(limit)
+    found = []
+    with db.connect() as c:
+        for run in c.execute(q).mappings().all():
+            h = assess(dict(run), _latest_beats(c, dict(run), stall_s), utcnow(), stall_s)
+            if h.state is not RunState.GONE:
+                found.append((h, str(run["root"]), str(run["host"])))
+    return found
 
 
 def _one_run(run: dict[str, Any], counts: dict[str, int], latency: _Latency, sampled: _Samples,
