@@ -170,3 +170,12 @@ def test_the_parity_check_names_rect_for_a_tensor_of_ultralytics_rect_shape(rect
                                                    str(images / "chelsea.png"), "--expect-input",
                                                    str(tmp_path / "yours.npy")])
         assert out.exit_code == code and said in out.output, out.output
+    # a square image: its rect letterbox is the square card's own size, which holds (it was refused, told to set
+    # preprocess.rect, which the start then refuses for this card)
+    square = cv2.resize(cv2.imread(str(images / "astronaut.png")), (320, 320), interpolation=cv2.INTER_AREA)
+    cv2.imwrite(str(tmp_path / "square.png"), square)
+    np.save(tmp_path / "square.npy", square[..., ::-1].transpose(2, 0, 1)[None].astype(np.float32) / 255)
+    out = CliRunner().invoke(main_as_command, ["--config", str(conf), "models", "check", "square", "--image",
+                                               str(tmp_path / "square.png"), "--expect-input",
+                                               str(tmp_path / "square.npy")])
+    assert out.exit_code == 0 and "input: PASS" in out.output, out.output

@@ -115,7 +115,8 @@ def align(theirs: np.ndarray, mine: np.ndarray, card: ModelCard, path: Path,
             notes.append(f"yours is NHWC {tuple(x.shape)}, the card says nchw: compared transposed (if the "
                          "model takes NHWC, set input.layout: nhwc)")
         x = x.transpose(0, 3, 1, 2)
-    if x.ndim == 4 and rect_hw is not None and x.shape[2:] == rect_hw and x.shape[:2] == mine.shape[:2]:
+    if x.ndim == 4 and x.shape != mine.shape and rect_hw is not None and x.shape[2:] == rect_hw and \
+            x.shape[:2] == mine.shape[:2]:  # the worker's own shape first: a square image's rect is the card's
         raise CheckInputError(f"{path}: shape {tuple(theirs.shape)} is a letterbox padded to a multiple of "
                               f"{card.preprocess.stride}, not to {list(card.input.size)} (Ultralytics' rect, for an "
                               f"export of dynamic height and width): set preprocess.rect: true")
