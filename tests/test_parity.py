@@ -132,3 +132,33 @@ def test_files_that_cannot_be_used_get_one_line_and_exit_2(tmp_path: Path, sampl
     out = CliRunner().invoke(cli, ["--config", str(config_file(tmp_path)), "models", "check", "efficientnet-lite0",
                                    "--expect-input", str(tmp_path / "ok.npy")])
     assert out.exit_code == 2 and "need --image" in out.output
+
+
+def test_a_letterbox_padded_at_the_bottom_right_with_0_names_pad_at_and_pad_value(tmp_path: Path, samples: Path,
+                                                                                  yolo_onnx: Path) -> None:
+    """An export that puts the image at the top-left and pads the rest with zeros (NudeNet's): no card key said
+    so before. The check names both keys; a card that sets them holds to the tensor exactly."""
+    import shutil
+
+    img = cv2.imread(str(samples / "chelsea.png"))
+    h, w = img.shape[:2]
+    s = min(416 / h, 416 / w)
+    nw, nh = round(w * s), round(h * s)
+    canvas = np.zeros((416, 416, 3), np.uint8)
+    canvas[:nh, :nw] = cv2.resize(img, (nw, nh), interpolation=cv2.INTER_LINEAR)  # padded below and right only
+    x = cv2.cvtColor(canvas, cv2.COLOR_BGR2RGB).astype(np.float32).transpose(2, 0, 1)[None] / 255
+    np.save(tmp_path / "yours.npy", x)
+    code, said = _check(tmp_path, "yolov3-tiny", samples / "chelsea.png", "--expect-input", str(tmp_path / "yours.npy"))
+    assert code == 1 and "most likely: letterbox padded with 0 instead of 114" in said and \
+        "letterbox padded past the image's bottom and right only (the image at the top-left)" in said, said
+    assert "set preprocess.pad_value: 0" in said and "set preprocess.pad_at: bottom-right" in said, said
+    models = tmp_path / "models"
+    shutil.copytree(ROOT / "models" / "yolov3-tiny", models / "bottom-right")
+    card = yaml.safe_load((models / "bottom-right" / "model.yaml").read_text())
+    card["name"] = "bottom-right"
+    card["preprocess"].update(pad_value=0, pad_at="bottom-right")
+    (models / "bottom-right" / "model.yaml").write_text(yaml.safe_dump(card))
+    out = CliRunner().invoke(main_as_command, ["--config", str(config_file(tmp_path, models)), "models", "check",
+                                               "bottom-right", "--image", str(samples / "chelsea.png"),
+                                               "--expect-input", str(tmp_path / "yours.npy")])
+    assert out.exit_code == 0 and "input: PASS" in out.output, out.output

@@ -144,3 +144,16 @@ def test_float_resize_keeps_the_fractions_of_a_level_that_the_8_bit_resize_round
     assert (np.abs(blocks - np.round(blocks)) > 0.2).mean() > 0.3  # many pixels between two levels
     x8, _ = prepare(image, Preprocess(color="bgr", mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0)), (32, 48))  # type: ignore[arg-type]
     assert np.array_equal(x8, np.round(x8)) and np.abs(x8 - blocks.transpose(2, 0, 1)).max() <= 0.5 + 1e-6
+
+
+def test_a_letterbox_padded_at_the_bottom_right_puts_the_image_at_the_top_left() -> None:
+    spec = Preprocess(resize="letterbox", pad_value=0, pad_at="bottom-right", mean=(0.0,) * 3,  # type: ignore[arg-type]
+                      std=(1.0,) * 3)
+    image = np.full((16, 32, 3), 200, np.uint8)  # twice as wide as high: padding below only
+    x, geo = prepare(image, spec, (32, 32))
+    assert (x[:, :16] == 200).all() and (x[:, 16:] == 0).all()
+    assert (geo.left, geo.top) == (0, 0)
+    np.testing.assert_allclose(geo.to_original(np.array([[32.0, 16.0]])), [[32.0, 16.0]])
+    centred, _ = prepare(image, Preprocess(resize="letterbox", pad_value=0, mean=(0.0,) * 3,  # type: ignore[arg-type]
+                                           std=(1.0,) * 3), (32, 32))
+    assert (centred[:, 8:24] == 200).all() and (centred[:, :8] == 0).all()

@@ -76,6 +76,9 @@ class Preprocess:
     resize: Literal["stretch", "stretch-asymmetric", "shorter-crop", "letterbox"] = "stretch"
     resize_shorter: int = 256
     pad_value: Number = Number(114)  # an integer at depth 8 and 16 (checked), any number at 32
+    # letterbox: where the padding goes: both sides alike, the image centred (Ultralytics', most exports'), or
+    # past the image's bottom and right only, the image at the top-left (some exports' own, e.g. NudeNet's)
+    pad_at: Literal["center", "bottom-right"] = "center"
     mean: tuple[Signed, ...] = (Signed(0.0),) * 3  # in pixel units (0-255, or 0-65535 at depth 16), channel order
     std: tuple[float, ...] = (255.0, 255.0, 255.0)  # as `color` (gray: one value)
     # 16: 16-bit files keep their 16 bits (others are widened, 255 -> 65535), and mean, std and pad_value
@@ -296,6 +299,9 @@ def load_card(path: Path) -> ModelCard:
     if top is not None and min(card.preprocess.mean) < 0:  # negative only in a file's own units (depth 32)
         raise ConfigError(f"{path}: 'preprocess.mean' is in pixel units at depth {card.preprocess.depth}, 0-{top}: "
                           f"got {list(card.preprocess.mean)} (a negative mean is for depth 32, a file's own values)")
+    if card.preprocess.pad_at != "center" and card.preprocess.resize != "letterbox":
+        raise ConfigError(f"{path}: 'preprocess.pad_at' places a letterbox's padding: it needs "
+                          f"'preprocess.resize: letterbox', got {card.preprocess.resize}")
     if card.preprocess.rect and card.preprocess.resize != "letterbox":
         raise ConfigError(f"{path}: 'preprocess.rect' pads a letterbox to a multiple of the stride: it needs "
                           f"'preprocess.resize: letterbox', got {card.preprocess.resize}")

@@ -83,6 +83,11 @@ def variants(card: ModelCard) -> list[Variant]:
             if pad != p.pad_value:
                 out.append(Variant("pad", f"letterbox padded with {pad} instead of {p.pad_value:g}",
                                    f"set preprocess.pad_value: {pad}", _with(pad_value=pad)))
+        other_at = "bottom-right" if p.pad_at == "center" else "center"
+        placed = {"bottom-right": "past the image's bottom and right only (the image at the top-left)",
+                  "center": "on both sides (the image centred)"}
+        out.append(Variant("pad_at", f"letterbox padded {placed[other_at]} instead of {placed[p.pad_at]}",
+                           f"set preprocess.pad_at: {other_at}", _with(pad_at=other_at)))
     out.append(Variant("float", f"resized {'with rounding' if p.float_resize else 'as floats, unrounded'}",
                        f"set preprocess.float_resize: {str(not p.float_resize).lower()}",
                        _with(float_resize=not p.float_resize)))

@@ -108,7 +108,7 @@ def resize_for(image: np.ndarray, spec: Preprocess, size_hw: tuple[int, int],
         nw, nh = max(int(round(w * s)), 1), max(int(round(h * s)), 1)
         if spec.rect:
             th, tw = nh + (th - nh) % spec.stride, nw + (tw - nw) % spec.stride
-        left, top = (tw - nw) // 2, (th - nh) // 2
+        left, top = ((tw - nw) // 2, (th - nh) // 2) if spec.pad_at == "center" else (0, 0)
         resized = np.full((th, tw, 3), spec.pad_value, dtype=image.dtype)  # uint16 at depth 16, float32 at 32
         resized[top:top + nh, left:left + nw] = cv2.resize(image, (nw, nh), interpolation=interpolation)
         # each side's own scale, as resized (nh / h, not s: 213 rows for 400 where s gives 213.3), as
