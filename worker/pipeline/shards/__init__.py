@@ -111,6 +111,7 @@ class ProcessPipeline:
         self._pending = 0
         self._seq = 0
         self._closing = False
+        self._giving_back = False  # the run was stopped: a successor of a dead prepare process is told too
         self._deaths = 0
         self._retired: list[Snapshot] = []  # the last counts of prepare processes that died
         # inputs processed and kept in the inbox (watch, `inputs: keep`): intake need not submit them again
@@ -229,6 +230,8 @@ class ProcessPipeline:
         shard.in_flight.update(owed)  # its own from now on: should it die too, its successor gets them all
         self._shards[dead.index] = shard
         self._wait_ready(shard)
+        if self._giving_back:
+            shard.send(("give_back",))
         for seq, job in owed:
             self._send(shard, seq, dataclasses.replace(job, take_over=True))
             with self._idle:
@@ -322,21 +325,21 @@ class ProcessPipeline:
         with self._idle:
             return self._idle.wait_for(lambda: self._pending == 0, timeout)
 
-    def abandon_waiting(self) -> int:
+    def _tell_all(self, order: str) -> None:
         for shard in self._shards:
             try:
-                shard.send(("abandon",))
-            except OSError:
+                shard.send((order,))
+            except OSError:  # it died meanwhile: its successor starts without what the order undoes
                 pass
+
+    def abandon_waiting(self) -> int:
+        self._tell_all("abandon")
         return 0
 
     def give_back(self) -> None:
         """As `Pipeline.give_back`, in every prepare process."""
-        for shard in self._shards:
-            try:
-                shard.send(("give_back",))
-            except OSError:
-                pass
+        self._giving_back = True
+        self._tell_all("give_back")
 
     def finish_or_abandon(self, stop: threading.Event | None) -> None:
         given_back = False
