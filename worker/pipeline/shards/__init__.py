@@ -16,6 +16,8 @@ so that only a file that crashes it again and again ends in quarantine."""
 
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import logging
 import os
@@ -231,7 +233,8 @@ class ProcessPipeline:
         self._shards[dead.index] = shard
         self._wait_ready(shard)
         if self._giving_back:
-            shard.send(("give_back",))
+            with contextlib.suppress(OSError):  # gone again: its own successor is told in turn
+                shard.send(("give_back",))
         for seq, job in owed:
             self._send(shard, seq, dataclasses.replace(job, take_over=True))
             with self._idle:
