@@ -17,7 +17,6 @@ so that only a file that crashes it again and again ends in quarantine."""
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import logging
 import os
