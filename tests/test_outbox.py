@@ -170,49 +170,95 @@ def test_outputs_get_the_usual_permissions(tmp_path: Path) -> None:
 def test_a_temporary_left_by_a_crash_is_overwritten(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    (out / f".tmp-a.json.{os.getpid()}.{threading.get_native_id()}").write_bytes(b"half a file from a crash")
+    (out / f".tmp-a.json{files_mod._owner_suffix()}").write_bytes(b"half a file from a crash")
     write_atomic(out / "a.json", b"{}")
     assert (out / "a.json").read_bytes() == b"{}" and [p.name for p in out.iterdir()] == ["a.json"]
 
 
-def _temporaries(folder: Path, writers: dict[str, int]) -> set[str]:
-    """A temporary in `folder` per writer's pid, as write_atomic names them; plus one in a foreign format."""
+def _life(pid: int, started: int | None = None, space: str | None = None) -> str:
+    """A process life as a temporary's name carries it (worker.host.processes.life)."""
+    from worker.host import processes
+
+    return f"{space or processes._space()}-{pid}-{processes._started(pid) if started is None else started}"
+
+
+def _temporaries(folder: Path, writers: dict[str, str]) -> set[str]:
+    """A temporary in `folder` per writer's life, as write_atomic names them; plus one in a foreign format."""
     folder.mkdir(exist_ok=True)
-    for tag, pid in writers.items():
-        (folder / f"{TMP_PREFIX}{tag}.json.{pid}.{pid + 1}").write_bytes(b"half")
+    for tag, life in writers.items():
+        (folder / f"{TMP_PREFIX}{tag}.json.{life}.7").write_bytes(b"half")
     (folder / f"{TMP_PREFIX}odd").write_bytes(b"half")
     return {p.name for p in folder.iterdir()}
 
 
 def test_a_dead_prepare_process_s_temporaries_are_removed_where_its_images_were_written(tmp_path: Path) -> None:
-    """`remove_temporaries_of`: the temporaries of one gone pid in the folders named, not below them; others stay."""
-    writers = {"dead": 4_000_001, "other": 4_000_002}
+    """`remove_temporaries_of`: the temporaries of one gone pid in the folders named, not below them; others stay,
+    another pid namespace's of the same pid too."""
+    writers = {"dead": _life(4_000_001, 5), "other": _life(4_000_002, 5),
+               "container": _life(4_000_001, 5, space="0badf00d")}
     here = _temporaries(tmp_path / "out", writers)
     below = _temporaries(tmp_path / "out" / "d1", writers)
     (tmp_path / "out" / "a.json").write_bytes(b"{}")
     assert remove_temporaries_of(4_000_001, [tmp_path / "out", tmp_path / "out", tmp_path / "never-made"]) == 1
-    assert here - {p.name for p in (tmp_path / "out").iterdir()} == {f"{TMP_PREFIX}dead.json.4000001.4000002"}
+    assert here - {p.name for p in (tmp_path / "out").iterdir()} == {f"{TMP_PREFIX}dead.json.{writers['dead']}.7"}
     assert (tmp_path / "out" / "a.json").exists() and {p.name for p in (tmp_path / "out" / "d1").iterdir()} == below
 
 
 def test_only_a_crashs_temporaries_are_removed_never_a_live_workers(tmp_path: Path, on_a_share: Path,
                                                                     monkeypatch) -> None:
-    """Two workers sharing an outbox: the second's start left the first's temporaries alone (before: it
-    removed them all, and the first failed an image with "cannot write its outputs ...: No such file")."""
+    """Workers sharing an outbox: a start leaves the others' temporaries alone (before: it removed them all, and
+    the first failed an image with "cannot write its outputs ...: No such file"), another container's too, whose
+    pid (1 in each) says nothing here; it removes those of a process that died, and of this pid's earlier life."""
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_life = _life(dead.pid, 1)
     dead.wait()
     try:
-        writers = {"live": live.pid, "dead": dead.pid, "mine": os.getpid()}  # mine: a container's previous life
+        writers = {"live": _life(live.pid), "dead": dead_life, "mine": _life(os.getpid()),
+                   "before": _life(os.getpid(), 1),  # this pid's life before this one (a restarted container's)
+                   "container": _life(1, 1, space="0badf00d")}  # another container's pid 1
         here = _temporaries(tmp_path / "out", writers)
         assert remove_temporaries(tmp_path / "out") == 2
         gone = here - {p.name for p in (tmp_path / "out").iterdir()}
-        assert gone == {f"{TMP_PREFIX}{tag}.json.{writers[tag]}.{writers[tag] + 1}" for tag in ("dead", "mine")}
-        _temporaries(on_a_share, writers)  # another host's workers may write there: their pids say nothing here
+        assert gone == {f"{TMP_PREFIX}{tag}.json.{writers[tag]}.7" for tag in ("dead", "before")}
+        _temporaries(on_a_share, writers)  # another host's workers may write there: their lives say nothing here
         assert remove_temporaries(on_a_share) == 0
         monkeypatch.setattr(files_mod, "STALE_TEMP_S", 0.0)  # untouched this long: a crash's, whoever wrote it
-        assert remove_temporaries(on_a_share) == 4 and remove_temporaries(tmp_path / "out") == 2
+        assert remove_temporaries(on_a_share) == 6 and remove_temporaries(tmp_path / "out") == 4
         assert not list(tmp_path.rglob(f"{TMP_PREFIX}*"))
     finally:
         live.kill()
         live.wait()
+
+
+WRITER = """
+import sys, time
+from pathlib import Path
+from worker.outputs.files import staged, write_atomic
+with staged():  # held as a fleet worker holds its outputs until its outcome's commit
+    write_atomic(Path(sys.argv[1]) / "a.png.json", b"{}")
+    print("written", flush=True)
+    time.sleep(60)
+"""
+CLEANER = "import sys; from pathlib import Path; from worker.outputs.files import remove_temporaries; " \
+          "print(remove_temporaries(Path(sys.argv[1])))"
+
+
+def test_a_start_in_one_container_leaves_another_containers_temporaries_alone(tmp_path: Path) -> None:
+    """Workers in containers on one volume are each pid 1 in a pid namespace of their own: a start in one removed
+    the others' outputs in flight, taking their pid 1 for its own earlier life (1,200 done, 1,155 JSON files)."""
+    pid1 = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount-proc"]
+    if subprocess.run([*pid1, "true"], capture_output=True).returncode:
+        pytest.skip("no pid namespace of its own here (unshare)")
+    out = tmp_path / "out"
+    out.mkdir()
+    writer = subprocess.Popen([*pid1, sys.executable, "-c", WRITER, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdout.readline().strip() == "written"
+        (temporary,) = out.iterdir()
+        assert temporary.name.startswith(TMP_PREFIX) and ".json." in temporary.name
+        cleaned = subprocess.run([*pid1, sys.executable, "-c", CLEANER, str(out)], capture_output=True, text=True)
+        assert cleaned.stdout.strip() == "0" and temporary.exists(), cleaned.stderr
+    finally:
+        writer.kill()
+        writer.wait()

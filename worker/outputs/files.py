@@ -21,7 +21,7 @@ from pathlib import Path
 
 from worker.errors import WorkerError
 from worker.host.mounts import network_filesystem
-from worker.host.processes import is_gone
+from worker.host.processes import life, life_ended
 
 
 TMP_PREFIX = ".tmp-"
@@ -61,14 +61,16 @@ def fit_name(name: str, room: int = 0) -> str:
     return os.fsdecode(raw[:keep] + tag + ext)
 
 
-# a temporary's name ends with its writer's pid and thread: remove_temporaries tells a crash's from a
-# live worker's by it; a temporary that nothing has changed for this long is a crash's whatever its name
+# a temporary's name ends with its writer's life (worker.host.processes.life: pid namespace and boot, pid, start
+# time; never the pid alone, which repeats across containers) and thread: remove_temporaries tells a crash's from
+# a live worker's by it; a temporary that nothing has changed for this long is a crash's whatever its name
 STALE_TEMP_S = 3600.0
-_OWNER = re.compile(r"\.(\d+)\.\d+$")
+_OWNER = re.compile(r"\.([0-9a-f]{8}-\d+-\d+)\.\d+$")
+_LIFE = life()  # this process's, once: a prepare process is a process started anew, with a life of its own
 
 
 def _owner_suffix() -> str:
-    return f".{os.getpid()}.{threading.get_native_id()}"
+    return f".{_LIFE}.{threading.get_native_id()}"
 
 
 class Staged:
@@ -150,9 +152,10 @@ def remove_temporaries(root: Path) -> int:
     """Delete the temporary files a crash left behind under root (never complete outputs).
 
     Another worker may be writing into the same folder (two `worker run`s of one folder share an
-    outbox): its temporaries are its own, in flight. A temporary is left over when the process its
-    name gives (see _owner_suffix) is gone from this host, or when nothing has changed it for
-    STALE_TEMP_S. On a network share, which other hosts' workers write, only the latter."""
+    outbox, as do containers on one volume): its temporaries are its own, in flight. A temporary is left
+    over when the process life its name gives (see _owner_suffix) has ended on this machine, in this pid
+    namespace, or when nothing has changed it for STALE_TEMP_S: another container's, or another host's on
+    a network share, only then."""
     n = 0
     if not root.exists():
         return n
@@ -163,7 +166,7 @@ def remove_temporaries(root: Path) -> int:
             stale = time.time() - p.lstat().st_ctime >= STALE_TEMP_S
         except FileNotFoundError:  # its writer renamed it meanwhile
             continue
-        if stale or (not shared and owner is not None and is_gone(int(owner[1]))):
+        if stale or (not shared and owner is not None and life_ended(owner[1]) is True):
             p.unlink(missing_ok=True)
             n += 1
     return n
@@ -171,7 +174,8 @@ def remove_temporaries(root: Path) -> int:
 
 def remove_temporaries_of(pid: int, folders: Iterable[Path]) -> int:
     """Delete the temporary files that process `pid`, gone, left in `folders` (each folder itself, not below
-    it): where a prepare process that died was writing, told by the images it held."""
+    it): where a prepare process that died was writing, told by the images it held. Only this pid namespace's
+    (its child's): another container's pid of the same number is another process."""
     n = 0
     for folder in set(folders):
         try:
@@ -180,7 +184,7 @@ def remove_temporaries_of(pid: int, folders: Iterable[Path]) -> int:
             continue
         for entry in entries:
             owner = _OWNER.search(entry.name) if entry.name.startswith(TMP_PREFIX) else None
-            if owner is not None and int(owner[1]) == pid:
+            if owner is not None and owner[1].startswith(f"{_LIFE.split('-')[0]}-{pid}-"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(entry.path)
                     n += 1
