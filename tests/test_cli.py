@@ -218,6 +218,7 @@ def test_run_pages_all_from_the_command_line(tmp_path: Path, samples: Path, effn
     assert "images 1: done 1 (2 pages)" in out.output
     doc = json.loads(next((tmp_path).rglob("two.tif.json")).read_text())
     assert [p["labels"][0]["name"] for p in doc["pages"]] == ["espresso", "tiger cat"]
+    assert [p["model_input"] for p in doc["pages"]] == [{"width": 224, "height": 224}] * 2
 
 
 def test_stats_says_what_slope_a_short_run_can_resolve(tmp_path: Path) -> None:
@@ -638,7 +639,7 @@ def test_read_only_commands_never_migrate_and_db_upgrade_says_the_revision(tmp_p
     url = f"sqlite:///{tmp_path / 'old.db'}"
     r = CliRunner()
     up = r.invoke(cli, ["db", "upgrade", "--db", url])
-    assert up.exit_code == 0 and up.stdout.strip().endswith("at revision 0005 (the newest)"), up.output
+    assert up.exit_code == 0 and up.stdout.strip().endswith("at revision 0006 (the newest)"), up.output
     down = r.invoke(cli, ["db", "downgrade", "0002", "--db", url])
     assert down.exit_code == 0 and down.stdout.strip().endswith("at revision 0002"), down.output
 
@@ -652,7 +653,7 @@ def test_read_only_commands_never_migrate_and_db_upgrade_says_the_revision(tmp_p
     for command in ("query", "stats", "health", "export coco"):
         out = r.invoke(cli, [*command.split(), "--db", url])
         said = str(out.exception)  # main() prints a WorkerError as `error: ...`, exit 1
-        assert out.exit_code != 0 and "older than this worker's 0005" in said, (command, said)
+        assert out.exit_code != 0 and "older than this worker's 0006" in said, (command, said)
         assert f"worker db upgrade --db {url}" in said, command
         assert revision() == "0002", command
 

@@ -69,8 +69,8 @@ def test_migrations_both_ways_keep_the_records_of_a_database_in_use(cfg, tmp_pat
     assert run_folder(cfg, folder).figures["done"] == 2  # a start migrates the emptied file again
 
 
-HALF_DONE = """revision = '0006'
-down_revision = '0005'
+HALF_DONE = """revision = '0007'
+down_revision = '0006'
 branch_labels = None
 depends_on = None
 
@@ -104,7 +104,7 @@ def test_a_migration_that_fails_half_way_leaves_the_database_as_it_was(cfg, tmp_
     assert run_folder(cfg, folder).figures["done"] == 1
     scripts = tmp_path / "migrations"
     shutil.copytree(db.migrations_dir(), scripts, ignore=shutil.ignore_patterns("__pycache__"))
-    (scripts / "versions" / "0006_half_done.py").write_text(HALF_DONE)
+    (scripts / "versions" / "0007_half_done.py").write_text(HALF_DONE)
     monkeypatch.setattr(db, "migrations_dir", lambda: scripts)
     engine = make_engine(cfg.db)
 

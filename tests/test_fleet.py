@@ -293,3 +293,32 @@ def test_a_watcher_keeping_its_inputs_takes_each_once(cfg, tmp_path: Path, sampl
     _each_once(url, 40)
     assert rows(url, "SELECT max(attempts) FROM queue")[0][0] == 1
     assert len(list((tmp_path / "inbox").rglob("*.jpg"))) == 40  # kept where they were
+
+
+def test_a_commit_whose_acknowledgement_is_lost_keeps_its_outputs(cfg, tmp_path: Path, samples: Path, url: str,
+                                                                  models: Path, caplog) -> None:
+    """The connection cut after the server committed a batch of outcomes, before the worker heard (a proxy drops
+    the COMMIT's completion): the recorder asks the server whether that batch was committed, and it was. Before,
+    it wrote the batch again, its fence found the rows done, took them for claims lost to another worker and
+    deleted their staged outputs: images done with no JSON, attempts charged twice, outcomes tallied twice."""
+    from tests.support.pgproxy import CommitCutter
+    from worker.service import run_folder
+
+    caplog.set_level(logging.INFO)
+    rels = make_corpus(tmp_path / "in", samples, n=120, bad=0)
+    proxy = CommitCutter(("127.0.0.1", 5432), marker=b"INSERT INTO tallies", cuts=4)
+    try:
+        c = dataclasses.replace(cfg, db=proxy.url(url), models_dir=models, model="stand-in",
+                                fleet=dataclasses.replace(cfg.fleet, scan_s=0.2, poll_s=0.1))
+        summary = run_folder(c, tmp_path / "in")
+    finally:
+        proxy.close()
+    assert proxy.cut == 4, "the proxy cut no commit: the test tested nothing"
+    assert summary.figures["done"] == 120 and summary.figures["failed"] == 0, summary.figures
+    _each_once(url, 120)
+    assert rows(url, "SELECT DISTINCT attempts FROM images") == [(1,)]  # no claim charged twice
+    assert rows(url, "SELECT sum(images) FROM tallies WHERE kind = 'outcome' AND key = 'done'")[0][0] == 120
+    missing = [rel for rel in rels if not (c.outbox / f"{rel}.json").is_file()]
+    assert not missing, f"done with no outputs: {missing}"
+    assert caplog.text.count("the database has it: not written again") == 4
+    assert "its claim passed to another worker" not in caplog.text

@@ -121,3 +121,10 @@ def test_a_card_is_written_where_the_user_works_and_never_among_workers_own(tmp_
     out = r.invoke(main_as_command, ["models", "init", "bad", "--onnx", str(best), "--models-dir", str(bundled_cards())])
     assert out.exit_code == 2 and "holds the cards that come with worker" in out.output, out.output
     assert not (bundled_cards() / "bad").exists()
+    # a name is one folder's: `..` or a path would reach any folder, worker's own cards too
+    for name in ("../../evil", "/tmp/abs", ".hidden", f"../../{bundled_cards().parent.name}/models/zz"):
+        out = r.invoke(main_as_command, ["models", "init", name, "--onnx", str(best)])
+        assert out.exit_code == 2 and "a card's name is the name of its folder" in out.output, (name, out.output)
+    assert not (tmp_path / "evil").exists() and not (bundled_cards() / "zz").exists()
+    out = r.invoke(main_as_command, ["run", str(work), "--model", "../exports/models/here"])
+    assert out.exit_code == 2 and "a card's name is the name of its folder" in out.output, out.output

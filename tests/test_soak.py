@@ -95,6 +95,7 @@ def test_cli_soak_prints_verdict(tmp_path: Path, setup) -> None:
     stats = CliRunner().invoke(cli, ["--config", str(conf), "stats", "--db", db, "--run", m[1], "--format", "json"])
     (run,) = json.loads(stats.output)
     assert run["counts"] == {"done": int(m[2])} and run["read_from"] == "tallies" and int(m[2]) > 40
+    assert run["memory"]["warmup_s"] == 1.0  # the soak's own --warmup, as it recorded it (not metrics.warmup_s)
     rate = int(m[2]) / float(m[3])  # the soak's own figure; the run's span differs by its start and stop
     assert rate / 2 < run["images_per_s"] < rate * 1.2
     # its report beside it, in its outbox: the soak's run, its verdict first, its memory samples drawn

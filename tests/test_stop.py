@@ -5,6 +5,7 @@ start processes them as any other, with no warning and no second attempt."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import sqlite3
 import subprocess
@@ -68,3 +69,81 @@ def test_the_first_ctrl_c_gives_back_what_has_not_started(tmp_path: Path, sample
     if command == "run":
         check_outcome(tmp_path, rels)
     assert all(status == "done" and attempts == 1 for _, status, attempts in _rows(db))
+
+
+def test_two_ctrl_c_in_quick_succession_still_give_back(tmp_path: Path, samples: Path, effnet_onnx: Path) -> None:
+    """A second Ctrl-C a tenth of a second after the first (a habit at a terminal) exited at once, leaving every
+    image claimed ahead `processing`, charged an attempt, to be recovered one by one: it now lets the giving back
+    finish (up to a second after the first) and exits 130; only what inference had started may be left in
+    flight (here each result takes 0.5 s to write, an outbox on a slow share)."""
+    conf = write_config(tmp_path, processes=1)
+    folder = tmp_path / "in"
+    make_corpus(folder, samples, n=N, bad=0)
+    db = tmp_path / "worker.db"
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_OUTBOX)
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
+                             "--no-progress"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(site)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert wait_for(lambda: finished_rows(db) >= 3 or proc.poll() is not None, 120), "it never got going"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)  # the second press, as a person's
+    proc.send_signal(signal.SIGINT)
+    signalled = time.monotonic()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT and time.monotonic() - signalled < 5
+    rows = _rows(db)
+    in_flight = [r for r in rows if r[1] == "processing"]
+    given = [r for r in rows if r[1] == "queued"]
+    assert len(in_flight) <= 6, f"{len(in_flight)} left in flight, charged: more than inference had started"
+    assert given and all(attempts == 0 for _, _, attempts in given)
+
+
+def test_a_ctrl_c_while_recovering_from_a_kill_stops_without_recovering_everything(tmp_path: Path, samples: Path,
+                                                                                  effnet_onnx: Path) -> None:
+    """After a kill -9, a start first processes the images the dead worker had in flight, one at a time; a Ctrl-C
+    then went on through all of them (10 s for 70 here with PP-OCR; longer than `docker stop` waits). It stops
+    after the one it is on; the rest stay in flight for the next start, which does them all."""
+    conf = write_config(tmp_path, processes=1)
+    folder = tmp_path / "in"
+    rels = make_corpus(folder, samples, n=N, bad=0)
+    db = tmp_path / "worker.db"
+    proc = _start(conf, "run", str(folder), "--no-progress")
+    assert wait_for(lambda: finished_rows(db) >= 30 or proc.poll() is not None, 120), "it never got going"
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    left = len([r for r in _rows(db) if r[1] == "processing"])
+    assert left > 3, left
+    site = tmp_path / "site"  # an outbox on a slow share: each result takes 0.5 s, so the recovery takes a while
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SLOW_OUTBOX)
+    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
+                             "--no-progress"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(site)},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.stderr is not None
+    while (line := proc.stderr.readline()) and "were in flight when a worker was killed" not in line:
+        pass
+    proc.send_signal(signal.SIGINT)
+    signalled = time.monotonic()
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0 and time.monotonic() - signalled < 5
+    assert len([r for r in _rows(db) if r[1] == "processing"]) >= left - 3  # not recovered: still in flight
+    again = _start(conf, "run", str(folder), "--no-progress")
+    again.communicate(timeout=300)
+    assert again.returncode == 0
+    check_outcome(tmp_path, rels)
+
+
+SLOW_OUTBOX = """
+import time
+from worker.outputs import outbox
+
+_write = outbox.Outbox.write
+def slow(self, *args, **kwargs):
+    time.sleep(0.5)
+    return _write(self, *args, **kwargs)
+outbox.Outbox.write = slow
+"""

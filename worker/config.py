@@ -76,7 +76,7 @@ class InputsConfig:
     run: InputAction = "keep"  # keep: left where it is; move and delete as for watch
     # a subfolder of the inbox that moving (or deleting) its inputs left empty is removed once it has not
     # changed for this long (a writer that made it may still be writing into it); 0: left in place
-    empty_folders_s: float = 300.0
+    empty_folders_s: float = 86400.0
 
 
 @dataclass(frozen=True)

@@ -262,7 +262,7 @@ def run_folder(cfg: Config, folder: Path, stop: threading.Event | None = None,
         if pipeline.leases is not None:  # this host's share of the folder, through the claim queue
             feed_folder(cfg, folder, pipeline, pipeline.leases, stop or threading.Event(), disks.tick)
             paths = iter(())
-        recovered = pipeline.recover(folder) if not fleet else set()
+        recovered = pipeline.recover(folder, stop) if not fleet else set()
         for path in paths:
             disks.tick()
             if stop is not None and stop.is_set():
@@ -334,7 +334,7 @@ def _watch(cfg: Config, inbox: Path, stop: threading.Event, burst: bool,
     with open_pipeline(cfg, "watch", inbox, cfg.inputs.watch, on_finished=finished, fleet=fleet) as pipeline:
         t0 = time.perf_counter()
         if not fleet:
-            pipeline.recover(inbox)  # before intake: recovered inputs are archived by the time it scans
+            pipeline.recover(inbox, stop)  # before intake: recovered inputs are archived by the time it scans
         disks = _disks(cfg, cfg.inputs.watch)
         if (low := disks.check()) is not None:  # said at start too: the first status line is minutes away
             log.warning("%s", low)

@@ -69,7 +69,8 @@ def query(ctx: click.Context, status: str | None, path_glob: str | None, since: 
 @click.option("--last", type=click.IntRange(min=1), default=5, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 @db_option
-@click.option("--warmup", default=None, help="Left out of the RSS slopes: 90s, 10m (default: metrics.warmup_s).")
+@click.option("--warmup", default=None, help="Left out of the RSS slopes: 90s, 10m (default: each run's own, "
+                                            "metrics.warmup_s or a soak's --warmup).")
 @click.option("--since", help="Only what happened at or after: an ISO time (UTC if no zone) or an age, e.g. 24h.")
 @click.option("--until", help="Only what happened before: an ISO time or an age, as --since.")
 @click.pass_context
@@ -87,7 +88,7 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
     from worker.store.stats import run_stats
 
     cfg = load_config(ctx, db=db)
-    warm = duration_s(warmup) if warmup else cfg.metrics.warmup_s
+    warm = duration_s(warmup) if warmup else None  # None: each run's own
     with database(cfg.db, create=False, read_only=True) as engine:
         runs = run_stats(engine, run_id=run_id, last=last, warmup_s=warm, since=optional_time(since), until=optional_time(until))
     if fmt == "json":
@@ -126,7 +127,7 @@ def stats(ctx: click.Context, run_id: int | None, last: int, fmt: str, db: str |
                       f"{or_dash(m['late_slope_mb_per_h'])}{plus_minus(m.get('late_slope_se_mb_per_h'))} MB/h over "
                       f"their second half{resolution(m, cfg.soak.max_rss_slope_mb_per_h)}"
                       if not math.isnan(m["slope_mb_per_h"]) else
-                      f"too few samples after the {warm:g} s warm-up for a slope (--warmup)")
+                      f"too few samples after the {m['warmup_s']:g} s warm-up for a slope (--warmup)")
             click.echo(f"  memory: RSS {m['rss_start_mb']} -> {m['rss_end_mb']} MB (peak {m['rss_peak_mb']}), {slopes}")
         if "gpu_peak_mb" in m:
             click.echo(f"  GPU memory: {m['gpu_start_mb']} -> {m['gpu_end_mb']} MB (peak {m['gpu_peak_mb']}), "
@@ -321,12 +322,14 @@ def fleet(ctx: click.Context, fmt: str, db: str | None) -> None:
 @click.option("--since", help="The runs active at or after: an ISO time (UTC if no zone) or an age, e.g. 7d.")
 @click.option("--until", help="The runs started before: an ISO time or an age, as --since.")
 @click.option("--model", help="Only runs of this model.")
+@click.option("--warmup", default=None, help="Left out of the memory trends: 90s, 10m (default: each run's own, "
+                                            "metrics.warmup_s or a soak's --warmup).")
 @click.option("-o", "--output", type=click.Path(path_type=Path, dir_okay=False), default=Path("report.html"),
               show_default=True, help="The HTML file to write.")
 @db_option
 @click.pass_context
 def report(ctx: click.Context, run_ids: tuple[int, ...], last: int, since: str | None, until: str | None,
-           model: str | None, output: Path, db: str | None) -> None:
+           model: str | None, warmup: str | None, output: Path, db: str | None) -> None:
     """Write one self-contained HTML file of what the database knows of some runs: throughput, latency
     over time and by stage, memory with its trend after the warm-up and the verdict, failures by reason,
     labels and scores, and a gallery of the slowest, failed and done images. It opens offline, from the
@@ -343,6 +346,7 @@ def report(ctx: click.Context, run_ids: tuple[int, ...], last: int, since: str |
     cfg = load_config(ctx, db=db)
     written = write_report(cfg.db, output, cfg.outbox.absolute(), run_ids=run_ids, last=last,
                            since=optional_time(since), until=optional_time(until), model=model,
-                           warmup_s=cfg.metrics.warmup_s, max_slope_mb_per_h=cfg.soak.max_rss_slope_mb_per_h)
+                           warmup_s=duration_s(warmup) if warmup else None,
+                           max_slope_mb_per_h=cfg.soak.max_rss_slope_mb_per_h)
     click.echo(f"wrote {written.path} ({written.size // 1024} KB): run(s) {', '.join(map(str, written.runs))}, "
                f"{written.images} images")

@@ -78,7 +78,7 @@ def soak(ctx: click.Context, duration: str, images: Path, warmup: str | None, re
 
     reasons = "; ".join(v.failures or v.inconclusive)
     written = write_report(cfg.db, report_path or cfg.outbox / "soak-report.html", cfg.outbox.absolute(),
-                           run_ids=(v.run_id,), warmup_s=duration_s(warmup) if warmup else cfg.metrics.warmup_s,
+                           run_ids=(v.run_id,),
                            max_slope_mb_per_h=cfg.soak.max_rss_slope_mb_per_h,
                            verdict=v.verdict + (f": {reasons}" if reasons else ""))
     click.echo(f"  its report: {written.path}")

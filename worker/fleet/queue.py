@@ -69,12 +69,13 @@ beat AS (UPDATE runs SET heartbeat_at = now() WHERE id = %(me)s)
 SELECT id, generation FROM renewed
 """
 
-# the fence: a finish counts only while the claim is still this run's, at this generation
+# the fence: a finish counts only while the claim is still this run's, at this generation (a row already in the
+# finish's state, by this run at this generation, is this finish's own, committed before its acknowledgement was lost)
 SETTLE = """
 UPDATE queue AS q SET state = v.state, lease_until = CASE WHEN v.state = 'claimed' THEN q.lease_until END,
                       updated_at = now()
 FROM unnest(%(ids)s::bigint[], %(gens)s::int[], %(states)s::text[]) AS v(id, gen, state)
-WHERE q.id = v.id AND q.generation = v.gen AND q.owner = %(me)s AND q.state = 'claimed'
+WHERE q.id = v.id AND q.generation = v.gen AND q.owner = %(me)s AND (q.state = 'claimed' OR q.state = v.state)
 RETURNING q.id
 """
 

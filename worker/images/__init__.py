@@ -85,21 +85,21 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = 
     size = (jpeg.width, jpeg.height) if jpeg is not None else check_header(data, name)
     if size is not None:
         _check_pixels(size[0], size[1], name, max_pixels)
+    damage = ""  # what libjpeg warned about, said once the image is decoded all the same
     if data[:2] == b"\xff\xd8":
         _check_jpeg_complete(data, name)
-        if jpeg is not None and jpeg.plain:
+        if jpeg is None or jpeg.plain:  # None: its markers could not be walked to the frame (damage there)
             try:  # the same libjpeg-turbo decode as OpenCV's, with less overhead (see the module docstring)
                 return simplejpeg.decode_jpeg(data, colorspace="BGR", fastdct=False, fastupsample=False)
             except ValueError as e:  # what libjpeg warns about: decoded as it (and OpenCV) recovers, and said
+                damage = str(e)
                 try:
                     img = simplejpeg.decode_jpeg(data, colorspace="BGR", fastdct=False, fastupsample=False,
                                                  strict=False)
-                except ValueError:  # beyond what libjpeg recovers from: OpenCV's tolerance decides, below
+                except ValueError:  # not past the header: OpenCV's tolerance decides, below
                     pass
                 else:
-                    if notes is not None:
-                        notes.append(f"damaged JPEG data, decoded as libjpeg recovers it (part of the image may "
-                                     f"be grey or smeared): {e}")
+                    _note_damage(notes, damage)
                     return img
     elif data[:8] == PNG_SIGNATURE:
         data = _without_colour_profile(data)
@@ -117,7 +117,15 @@ def _decode(data: bytes, name: str, max_pixels: int, deep: bool, floats: bool = 
         img = _decode_with_pillow(data, name, deep=deep, floats=floats)  # GIF, some TIFFs and WebPs OpenCV cannot read
     if img.ndim != 3 or img.shape[2] != 3 or img.shape[0] < 1 or img.shape[1] < 1:
         raise DecodeError(name, f"unexpected decoded shape {img.shape}")
+    if damage:
+        _note_damage(notes, damage)
     return img
+
+
+def _note_damage(notes: list[str] | None, warning: str) -> None:
+    if notes is not None:
+        notes.append(f"damaged JPEG data, decoded as libjpeg recovers it (part of the image may be grey or "
+                     f"smeared): {warning}")
 
 
 def _animated_webp(data: bytes) -> bool:

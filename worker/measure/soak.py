@@ -113,6 +113,7 @@ def soak(cfg: Config, folder: Path, duration_s: float, stop: threading.Event | N
         raise ConfigError(f"{folder}: no images to soak with")
     _refuse_others(cfg, folder)
     warm = cfg.metrics.warmup_s if warmup_s is None else warmup_s
+    cfg = dataclasses.replace(cfg, metrics=dataclasses.replace(cfg.metrics, warmup_s=warm))  # on record: stats, report
     with open_pipeline(cfg, "soak", folder, on_finished=on_finished, replay=True) as pipeline:
         (cfg.outbox / MARKER).touch()
         t0 = time.monotonic()

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from worker.errors import CheckInputError
-from worker.models.lookup import bundled_cards
+from worker.models.lookup import bundled_cards, card_name
 from worker.models.exported import _CARD_TASK, _kpt_shape, exported_labels
 
 TASKS = ("classify", "detect", "segment")
@@ -136,7 +136,8 @@ def card_text(name: str, onnx: Path, task: str | None) -> str:
 def write_card(models_dir: Path, name: str, onnx: Path, task: str | None, force: bool) -> Path:
     """The card, written as <models_dir>/NAME/model.yaml: never among worker's own cards (an upgrade replaces
     those, and a checkout's would carry it into the next wheel)."""
-    if models_dir.absolute() == bundled_cards().absolute():
+    card_name(name)
+    if models_dir.resolve() == bundled_cards().resolve():
         raise CheckInputError(f"{models_dir} holds the cards that come with worker: write yours elsewhere "
                               f"(--models-dir DIR, or models_dir in the config)")
     text = card_text(name, onnx, task)

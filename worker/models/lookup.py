@@ -23,8 +23,17 @@ def card_folders(models_dir: Path) -> list[Path]:
     return [models_dir] if same else [models_dir, bundled]
 
 
+def card_name(name: str) -> str:
+    """`name` where it names a card: one folder's name (`..`, a path or a hidden name could reach any file)."""
+    if not name or name in (".", "..") or name.startswith(".") or "/" in name or "\\" in name or "\0" in name:
+        raise ConfigError(f"model {name!r}: a card's name is the name of its folder, with no '/' and not starting "
+                          f"with '.' (e.g. my-detector)")
+    return name
+
+
 def find_card(models_dir: Path, name: str) -> ModelCard:
     """The card called `name`: the user's (under models_dir) before a bundled one."""
+    card_name(name)
     folders = card_folders(models_dir)
     for folder in folders:
         if (folder / name / "model.yaml").exists():

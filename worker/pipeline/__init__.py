@@ -57,7 +57,7 @@ log = logging.getLogger(__name__)
 
 
 def recover_in_flight(ledger: Ledger, root: Path, submit: Callable[[Job], object],
-                      drain: Callable[[], object]) -> set[str]:
+                      drain: Callable[[], object], stop: threading.Event | None = None) -> set[str]:
     """Submit the images a dead worker left in flight, one at a time, and wait for each.
 
     Each crash counts an attempt against every image in flight; alone, a file that crashes the
@@ -71,6 +71,8 @@ def recover_in_flight(ledger: Ledger, root: Path, submit: Callable[[Job], object
         log.warning("%d image(s) were in flight when a worker was killed: processing each on its own first (%s)",
                     len(left), names)
     for text, rel in left:
+        if stop is not None and stop.is_set():  # stopped meanwhile: the rest stay in flight for the next start
+            break
         log.debug("%s: in flight when a worker was killed: processing it on its own", text)
         submit(dataclasses.replace(Job.from_path(root, root / rel), take_over=True))
         drain()
@@ -208,9 +210,9 @@ class Pipeline(PrepareStage, InferStage, FinishStage, PagesStage, ArchiveStage):
         with self._idle:
             self._idle.wait_for(lambda: self._pending < max_pending)
 
-    def recover(self, root: Path) -> set[str]:
-        """The images a dead worker left in flight, one at a time (`recover_in_flight`)."""
-        return recover_in_flight(self._ledger, root, self.submit, self.drain)
+    def recover(self, root: Path, stop: threading.Event | None = None) -> set[str]:
+        """The images a dead worker left in flight, one at a time (`recover_in_flight`), until `stop`."""
+        return recover_in_flight(self._ledger, root, self.submit, self.drain, stop)
 
     @property
     def outbox_full(self) -> bool:

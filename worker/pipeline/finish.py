@@ -30,9 +30,6 @@ class FinishStage(StageState):
 
     def _finish_loop(self) -> None:
         while (item := self._inferred.get()) is not STOP:
-            if item.given_back:
-                self._give_back(item)
-                continue
             if item.book is not None and (item := self._gather_page(item)) is None:
                 continue  # a page of a file whose other pages are still on their way
             if self._lease_lost(item) or item.taken:  # nothing recorded, nothing archived: the other worker does both
@@ -55,14 +52,16 @@ class FinishStage(StageState):
 
     def _give_back(self, item: Item) -> None:
         """A claimed image not started when the run was stopped: queued again, the attempt not counted (its
-        input stays where it is; the next start processes it as any other)."""
+        input stays where it is; the next start processes it as any other). Called by the decode and inference
+        threads that hold it: not queued behind the finishing of what inference started."""
         item.release()
         job = item.job
         if item.committed is not None and item.committed.wait() and item.committed.taken_by is None:
             self.recorder.put(Finished(job.key, item.sha256, item.size, JobStatus.QUEUED,
                                        error="given back: the run was stopped before it was processed",
                                        undo_attempt=True, ticket=job.ticket))
-            self.counts.given_back += 1
+            with self._idle:  # counted by several threads
+                self.counts.given_back += 1
         self._done(job, JobStatus.QUEUED)
 
     def _lease_lost(self, item: Item) -> bool:
@@ -160,9 +159,8 @@ class FinishStage(StageState):
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
         item.timings["postprocess_ms"] = (t1 - t0) * 1000
         image = {"width": w, "height": h, **({"pages": item.pages} if item.pages > 1 else {})}
-        in_h, in_w = item.geometry.input_hw or self._size_hw  # type: ignore[union-attr]
         document = {**self._document_head(item, JobStatus.DONE), "image": image,
-                    "model_input": {"width": in_w, "height": in_h},  # a rect letterbox's varies by image
+                    "model_input": item.model_input(self._size_hw),  # a rect letterbox's varies by image
                     **({"warnings": item.warnings} if item.warnings else {}), **result.summary(),
                     # up to the write (which is timed, with the total, in the database)
                     "timings_ms": {k[:-3]: round(item.timings.get(k, 0.0), 3) for k in JSON_TIMINGS}}

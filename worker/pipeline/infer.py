@@ -26,9 +26,9 @@ class InferStage(StageState):
             batch, stopping = batcher.next_batch()
             if self._giving_back.is_set():  # the run was stopped: a file's first or only page is not started
                 for item in [i for i in batch if i.book is None]:
-                    item.given_back, item.tensor = True, None
-                    self._inferred.put(item)
-                batch = [i for i in batch if not i.given_back]
+                    item.tensor = None
+                    self._give_back(item)
+                batch = [i for i in batch if i.book is not None]
             if batch:
                 self._infer(batch, buf)
 

@@ -98,13 +98,17 @@ class Item:
     skipped: bool = False  # already done with the same content and model
     unread: bool = False  # skipped by its file's size and stamp, without reading it
     taken: bool = False  # in another live worker's hands (its claim came first): left to it
-    given_back: bool = False  # claimed, not inferred when the run was stopped: to be queued again, uncharged
     timings: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # what decoding recovered from (a damaged JPEG)
     batch_size: int = 0
     pages: int = 1  # pages or frames in the file (a multi-page TIFF, an animated GIF)
     page: int = 0  # which of them this item is (0: the first; with all_pages the others follow it as items)
     book: PageSet | None = None  # with all_pages, a multi-page file's: shared by its pages' items
+
+    def model_input(self, card_hw: tuple[int, int]) -> dict[str, int]:
+        """The network input's size this image (or page) was fed at: a rect letterbox's own, else the card's."""
+        h, w = (self.geometry.input_hw if self.geometry is not None else None) or card_hw
+        return {"width": w, "height": h}
 
     @property
     def held(self) -> int:

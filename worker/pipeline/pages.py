@@ -99,7 +99,8 @@ class PagesStage(StageState):
         result = self.adapter.postprocess(item.output, item.geometry)  # type: ignore[arg-type]
         t1 = time.perf_counter()
         h, w = item.geometry.orig_hw  # type: ignore[union-attr]
-        entry: dict[str, Any] = {"page": item.page + 1, "image": {"width": w, "height": h}, **result.summary()}
+        entry: dict[str, Any] = {"page": item.page + 1, "image": {"width": w, "height": h},
+                                 "model_input": item.model_input(self._size_hw), **result.summary()}
         if item.page == 0:
             book.first_result = result
             item.timings["postprocess_ms"] = (t1 - t0) * 1000

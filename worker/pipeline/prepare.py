@@ -89,9 +89,8 @@ class PrepareStage(StageState):
                     held += item.held
             if ahead:
                 held -= ahead[0].held
-                if self._giving_back.is_set():  # claimed, not started: the finish thread gives it back
-                    ahead[0].given_back = True
-                    self._inferred.put(ahead.popleft())
+                if self._giving_back.is_set():  # claimed, not started: given back
+                    self._give_back(ahead.popleft())
                 elif (item := self._guarded(ahead.popleft(), self._decode)) is not None:
                     self._prepared.put(item)
                     if item.book is not None:

@@ -57,6 +57,9 @@ class StageState:
     def _finish(self, item: Item) -> tuple[JobStatus, Commit | None]:
         raise NotImplementedError
 
+    def _give_back(self, item: Item) -> None:
+        raise NotImplementedError
+
     def _send_pages(self, first: Item) -> None:
         raise NotImplementedError
 

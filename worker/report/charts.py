@@ -114,15 +114,16 @@ def memory(data: ReportData, judged: set[int]) -> str | None:
         name = "" if alone else f"run {run.run} "
         t = _times([b for b, _, _ in run.series])
         every += t
-        (line,) = ax.plot(t, [m for _, m, _ in run.series], label=f"{name}RSS")
+        (line,) = ax.plot(t, [m for _, m, _ in run.series], label=f"{name}RSS",
+                          marker="." if len(run.series) == 1 else None)  # one sample: a point, not nothing
         if any(g is not None for _, _, g in run.series):
             ax.plot(t, [float("nan") if g is None else g for _, _, g in run.series], label=f"{name}GPU memory")
         ax.axvspan(t[0], min(_times([run.warmup_end])[0], t[-1]), color="0.85", label="warm-up" if k == 0 else None)
-        if run.trend is not None and run.run in judged:
+        if run.trend is not None and run.run in judged:  # over the window the verdict judges, as it fits it
             a, b = run.trend
-            ends = [run.warmup_end, max(run.warmup_end, run.series[-1][0] + run.bucket_s)]
-            ax.plot(_times(ends), [a + b * (e - run.warmup_end) for e in ends], "--", color=line.get_color(),
-                    label=f"{name}trend {b * 3600:+.2f} MB/h")
+            ends = [run.judged_from, max(run.judged_from, run.series[-1][0] + run.bucket_s)]
+            ax.plot(_times(ends), [a + b * (e - run.judged_from) for e in ends], "--", color=line.get_color(),
+                    label=f"{name}trend {b * 3600:+.2f} MB/h (judged half)")
     ax.set_ylabel("MB")
     ax.legend(loc="lower right")
     _time_axis(ax, every)

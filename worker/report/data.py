@@ -40,7 +40,10 @@ class RunMemory:
     bucket_s: int
     series: list[tuple[int, float, float | None]]  # (bucket start, RSS MB, GPU MB)
     warmup_end: int  # epoch s
-    trend: tuple[float, float] | None  # RSS MB = a + b * (t - warmup_end), b per s; None: too few samples
+    # over the second half of the samples after the warm-up, as `worker stats` and `worker soak` judge it:
+    # RSS MB = a + b * (t - judged_from), b per s; None: too few samples
+    judged_from: int
+    trend: tuple[float, float] | None
 
 
 @dataclass
@@ -49,7 +52,6 @@ class ReportData:
     stats: list[dict[str, Any]]
     counts: dict[str, int]
     bucket_s: int
-    warmup_s: float = 60.0
     ends: dict[int, datetime] = field(default_factory=dict)  # each run's end: finished, else last seen alive
     stride: int = 1  # the distributions' sample: every stride-th image
     throughput: list[tuple[int, int, int]] = field(default_factory=list)  # (bucket start, done, failed)
@@ -116,9 +118,12 @@ def _bucket(span_s: float) -> int:
     return next((b for b in NICE_S if span_s / b <= BUCKETS), NICE_S[-1])
 
 
-def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path, gallery: int = GALLERY) -> ReportData:
+def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float | None, outbox: Path,
+           gallery: int = GALLERY) -> ReportData:
+    """`warmup_s`: None, each run's own (see run_stats)."""
     ids = [r["id"] for r in runs]
     stats = [s for rid in ids for s in run_stats(db, run_id=rid, warmup_s=warmup_s)]
+    warm = {s["run"]: float(s["memory"]["warmup_s"]) for s in stats}
     start = min(r["started_at"] for r in runs)
     with db.connect() as c:
         tallied = all(_tallied(c, rid) for rid in ids)
@@ -127,7 +132,7 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
         bucket = sampled  # the outcomes': only the tallies count every replay of a soak, by the minute
         if tallied and any(replays(r) for r in runs):
             bucket = max(bucket, tallies.MINUTE)
-        data = ReportData(runs, stats, {}, bucket, warmup_s, ends)
+        data = ReportData(runs, stats, {}, bucket, ends)
         for run in stats:  # `worker stats`' own counts, summed over the runs
             for status, n in run["counts"].items():
                 data.counts[status] = data.counts.get(status, 0) + int(n)
@@ -138,7 +143,7 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float, outbox: Path
         for b, h in sorted(hist.items()):
             p = tallies.bin_percentiles(h)
             data.latency.append((b, p["p50"], p["p95"], p["p99"]))
-        data.memory = [m for rid in ids if (m := _memory(c, rid, sampled, warmup_s)) is not None]
+        data.memory = [m for rid in ids if (m := _memory(c, rid, sampled, warm[rid])) is not None]
         mine = ImageRow.run_id.in_(ids)
         data.failures = [(reason or "(no reason recorded)", int(n), rel) for reason, n, rel in c.execute(
             select(ImageRow.error, func.count(), func.min(ImageRow.rel_path))
@@ -206,8 +211,9 @@ def _labels(stats: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 
 def _memory(c: Any, rid: int, bucket: int, warmup_s: float) -> RunMemory | None:
-    """One run's RSS (and GPU memory) by bucket, and the least-squares line through its samples after the
-    warm-up (its sums in SQL: no sample is fetched); None when it has no sample."""
+    """One run's RSS (and GPU memory) by bucket, and the least-squares line through the second half of its samples
+    after the warm-up, the window its verdict judges (its sums in SQL: no sample is fetched); None when it has no
+    sample."""
     mine = MemorySample.run_id == rid
     at = cast(extract("epoch", MemorySample.at), BigInteger)
     by = at // bucket  # one expression (one parameter) in SELECT and GROUP BY: PostgreSQL matches them so
@@ -218,15 +224,17 @@ def _memory(c: Any, rid: int, bucket: int, warmup_s: float) -> RunMemory | None:
     if first is None:
         return None
     warmup_end = int(first + warmup_s)
-    x = at - warmup_end
+    steady_first, last = c.execute(select(func.min(at), func.max(at)).where(mine, at >= warmup_end)).one()
+    judged_from = warmup_end if steady_first is None else (int(steady_first) + int(last)) // 2
+    x = at - judged_from
     y = MemorySample.rss_bytes / 2**20
     n, sx, sy, sxx, sxy = c.execute(select(func.count(), func.sum(x), func.sum(y), func.sum(x * x), func.sum(x * y))
-                                    .where(mine, and_(at >= warmup_end))).one()
+                                    .where(mine, and_(at >= judged_from))).one()
     trend = None
     if n and n > 2 and (den := n * float(sxx) - float(sx) ** 2) > 0:
         slope = (n * float(sxy) - float(sx) * float(sy)) / den
         trend = ((float(sy) - slope * float(sx)) / n, slope)
-    return RunMemory(rid, bucket, series, warmup_end, trend)
+    return RunMemory(rid, bucket, series, warmup_end, judged_from, trend)
 
 
 def _slowest(c: Any, rid: int, n: int) -> list[Any]:

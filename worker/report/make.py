@@ -25,8 +25,10 @@ class Written:
 
 def write_report(db_url: str, output: Path, outbox: Path, *, run_ids: Sequence[int] = (), last: int = 1,
                  since: datetime | None = None, until: datetime | None = None, model: str | None = None,
-                 warmup_s: float = 60.0, max_slope_mb_per_h: float = 2.0, verdict: str | None = None) -> Written:
-    """Write the report of the runs asked for (default: the latest) to `output`; `verdict`: a soak's, shown first."""
+                 warmup_s: float | None = None, max_slope_mb_per_h: float = 2.0,
+                 verdict: str | None = None) -> Written:
+    """Write the report of the runs asked for (default: the latest) to `output`; `verdict`: a soak's, shown first;
+    `warmup_s` None: each run's own."""
     try:
         with database(db_url, create=False, read_only=True) as db:
             runs = pick_runs(db, run_ids, last, since, until, model)

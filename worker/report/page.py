@@ -136,7 +136,7 @@ def render(data: ReportData, outbox: Path, max_slope_mb_per_h: float, made_at: d
                "gallery": {k: [p.rel for p in v] for k, v in data.gallery.items()}, "verdict": verdict}
     head = _runs_table(data)
     verdicts = [f'<p class="verdict {css}">{_e(text)}</p>' for css, text in
-                (_memory_verdict(s, max_slope_mb_per_h, data.warmup_s) for s in data.stats)]
+                (_memory_verdict(s, max_slope_mb_per_h, float(s["memory"]["warmup_s"])) for s in data.stats)]
     failures = _table([{"images": n, "reason": reason,
                         "for example": _Html(f'<a href="{_e((outbox / (output_rel(rel) + ".error.json")).as_uri())}">'
                                              f'{_e(rel)}</a>')} for reason, n, rel in data.failures])

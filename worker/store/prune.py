@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, and_, delete, exists, func, not_, or_, select, text
 
 from worker.intake.jobs import JobStatus
-from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TallyRow, TimingRow
+from worker.store.schema import BatchRow, ImageRow, LabelRow, MemorySample, ResultRow, Run, TallyRow, TimingRow
 from worker.store.tallies import HOUR, MINUTE, MINUTE_TALLIES
 
 BATCH = 2000  # images per transaction
@@ -62,6 +62,7 @@ def prune(db: Engine, before: datetime, batch: int = BATCH) -> Pruned:
             & ~exists().where(MemorySample.run_id == Run.id)
         gone = (Run.finished_at.is_not(None), Run.finished_at < before, unreferenced)
         c.execute(delete(TallyRow).where(TallyRow.run_id.in_(select(Run.id).where(*gone))))
+        c.execute(delete(BatchRow).where(BatchRow.run_id.in_(select(Run.id).where(*gone))))
         runs = c.execute(delete(Run).where(*gone)).rowcount
     return Pruned(images, samples, runs)
 

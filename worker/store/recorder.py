@@ -30,7 +30,7 @@ from worker.store.shared import TRANSIENT_TRIES, transient_pause
 from worker.store.events import (LEASE_LOST, Claimed, Commit, Event, Finished, RunInfo, Sample, Settled,
                                  StampRenewed, describe)
 from worker.store.wal import WalCheckpointer, reason
-from worker.store.writes import EventWrites
+from worker.store.writes import BatchMarks, EventWrites
 from worker.store.schema import Run, utcnow
 
 
@@ -76,6 +76,8 @@ class Recorder(EventWrites):
         self._abandon = threading.Event()  # shutting down: stop holding events for a database that is down
         self._statements()
         self._sqlite = engine.dialect.name == "sqlite"
+        # a server's connection can break after it committed and before it said so (SQLite's cannot)
+        self._batches = None if self._sqlite else BatchMarks(engine, self._insert, self.run_id)
         # held by the recorder thread (a pool checkout per transaction costs more); None after a failed
         # reconnect (the server is down): the next write connects first
         self._conn: Connection | None = self._connect()
@@ -142,6 +144,11 @@ class Recorder(EventWrites):
             self._checkpointer.stop()
         if self._conn is not None:
             self._release(self._conn)
+        if self._batches is not None:
+            try:
+                self._batches.forget()
+            except Exception as e:  # the database is down: its row goes with its run (`worker db prune`)
+                log.debug("recorder: batch marks not forgotten: %s", reason(e))
         if not self._owns_run:
             return
         try:
@@ -187,10 +194,24 @@ class Recorder(EventWrites):
         again until it takes them (see _wait_for_database), or until shutdown abandons them."""
         refused: set[int] = set()
         pending, down_since, raced = batch, None, 0
+        # the attempt that failed may have been committed all the same (its acknowledgement lost with the
+        # connection): what its fence and claims found, kept until the database says whether it was
+        unsure: tuple[set[int], dict[int, int]] | None = None
+        asked = False
         while True:
             try:
+                if unsure is not None:
+                    if self._landed():  # raises while the database cannot be asked: held as a write would be
+                        self._lost, self._taken = unsure
+                        log.warning("recorder: the connection broke as a batch of %d was committed; the database "
+                                    "has it: not written again", len(pending))
+                        self._back_up(down_since)
+                        return refused
+                    unsure = None
                 self._write(pending)
             except Exception as e:
+                if self._batches is not None and unsure is None and database_wide(e) and not transient(e):
+                    unsure = (set(self._lost), dict(self._taken))  # the connection broke: maybe at its commit
                 for ev in pending:  # read in the transaction that was rolled back: each retry reads its own
                     self._taken.pop(id(ev), None)
                     self._lost.discard(id(ev))
@@ -200,12 +221,16 @@ class Recorder(EventWrites):
                     transient_pause(raced)
                     continue
                 self._reconnect(quiet=down_since is not None)
+                if unsure is not None and not asked:  # the server may well be up: asked at once, not after a wait
+                    asked = True
+                    continue
                 if (down_since is not None or self.down) and self._abandon.is_set():
                     return refused | self._refuse(pending, e)
                 # the database as a whole (disk full, server down, locked past the busy timeout): the batch
                 # waits for it; one transaction per event would only fail (or wait) as many times over
                 if not database_wide(e):  # one bad event must not stop the recorder: one by one
                     log.exception("recorder: batch of %d failed, retrying one by one", len(pending))
+                    unsure = None  # refused for an event of its own: rolled back
                     bad, pending, wide = self._one_by_one(pending)
                     refused |= bad
                     if not pending:
@@ -216,6 +241,12 @@ class Recorder(EventWrites):
                 continue
             self._back_up(down_since)
             return refused
+
+    def _landed(self) -> bool:
+        """Whether the batch whose write failed was committed all the same (PostgreSQL: the server asked on a
+        connection of its own; raises where it cannot be asked). Writing it again would charge its claims a
+        second attempt, tally its outcomes twice and take its own fenced outcomes for lost ones."""
+        return self._batches is not None and self._batches.landed()
 
     def _back_up(self, down_since: float | None) -> None:
         if down_since is not None:

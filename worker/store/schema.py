@@ -154,6 +154,16 @@ class TallyRow(Base):
     amount: Mapped[float] = mapped_column(Float)  # a sum the kind says (batch sizes, boxes, images naming none)
 
 
+class BatchRow(Base):
+    """The number of the recorder's last committed batch of a run (PostgreSQL): a batch whose commit was not
+    acknowledged (the connection broke) is known committed, or not, by it."""
+
+    __tablename__ = "batches"
+    writer: Mapped[str] = mapped_column(String(32), primary_key=True)  # one recorder (a run has one per process)
+    run_id: Mapped[int] = mapped_column(ForeignKey("runs.id"))
+    last: Mapped[int] = mapped_column(BigInteger)
+
+
 class QueueRow(Base):
     """Fleet mode (PostgreSQL): one file seen by the scanner, claimed by one worker at a time under a lease.
 

@@ -26,10 +26,11 @@ TIMING_CAP = 100_000
 TALLIED_ABOVE = 100_000
 
 
-def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: float = 60.0,
+def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: float | None = None,
               since: datetime | None = None, until: datetime | None = None,
               tallied_above: int = TALLIED_ABOVE) -> list[dict[str, Any]]:
-    """Per run: counts, throughput, per-stage latency percentiles and the RSS trend.
+    """Per run: counts, throughput, per-stage latency percentiles and the RSS trend after `warmup_s` (None: the
+    warm-up the run itself was given, metrics.warmup_s or a soak's --warmup, as its recorded config says).
 
     `since` / `until`: only what happened in that window (images by their last update, memory samples
     by their time), of the runs that were active in it: a watcher of months asked about its last day.
@@ -56,10 +57,11 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
             rid = run["id"]
             outcomes = tallies.tallied(c, [rid], span)
             facts: dict[str, Any] = {**run, "ended_at": last_seen(c, run)}
+            warm = run_warmup(run) if warmup_s is None else warmup_s
             if outcomes > tallied_above or (outcomes and replays(run)):
                 counts = {**tallies.outcomes(c, [rid], span), **_in_flight(c, rid, window)}
                 stats = _one_run(facts, counts, _tallied_latency(c, rid, span), _samples(c, rid, window),
-                                 warmup_s, window)
+                                 warm, window)
                 stats["results"] = tallies.results(c, [rid], span)
                 stats["read_from"] = "tallies"
             else:
@@ -67,12 +69,18 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
                                         .where(ImageRow.run_id == rid, *window.of(ImageRow.updated_at))
                                         .group_by(ImageRow.status)).all())
                 stats = _one_run(facts, counts, _latency(_timings(c, rid, window)), _samples(c, rid, window),
-                                 warmup_s, window)
+                                 warm, window)
                 stats["results"] = _results(c, rid, window)
                 stats["read_from"] = "rows"
             stats["health"] = assess(dict(run), _latest_beats(c, dict(run), STALL_S), utcnow()).as_dict()
             out.append(stats)
     return out
+
+
+def run_warmup(run: Any) -> float:
+    """The warm-up a run was given (its recorded config's metrics.warmup_s: a soak records its --warmup there)."""
+    value = (run["config"] or {}).get("metrics.warmup_s")
+    return float(value) if isinstance(value, (int, float)) and value >= 0 else 60.0
 
 
 def last_seen(c: Any, run: Any) -> datetime:
@@ -294,7 +302,7 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], latency: _Latency, sam
     # an unfinished run (running, or killed): up to the last sign of it
     span_start, until = window.clip(start, run.get("ended_at") or end or sampled.last_at)
     span = (until - span_start).total_seconds() if until and until > span_start else None
-    memory: dict[str, Any] = {"samples": sampled.total, "sample_stride": sampled.stride}
+    memory: dict[str, Any] = {"samples": sampled.total, "sample_stride": sampled.stride, "warmup_s": warmup_s}
     if samples:
         # the sampler counts what the pipeline processed: a soak replays its images, one row each
         processed = max(processed, sampled.most_done or 0)

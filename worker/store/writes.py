@@ -3,6 +3,7 @@ batch of events written in one transaction (claims first, as upserts, then outco
 
 from __future__ import annotations
 
+import secrets
 from datetime import datetime, timedelta
 from typing import Any, cast
 
@@ -13,11 +14,12 @@ from worker.fleet.queue import SETTLE
 from worker.intake.jobs import JobStatus
 from worker.store.events import Claimed, Event, Finished, Settled, StampRenewed, Sample
 from worker.store import tallies
-from worker.store.schema import ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
+from worker.store.schema import BatchRow, ImageRow, LabelRow, MemorySample, ResultRow, Run, TimingRow, utcnow
 
 # the mapped classes' tables (declared as FromClause, which they are more than)
 IMAGES, RESULTS, LABELS = (cast(Table, c.__table__) for c in (ImageRow, ResultRow, LabelRow))
 TIMINGS, SAMPLES = cast(Table, TimingRow.__table__), cast(Table, MemorySample.__table__)
+BATCHES = cast(Table, BatchRow.__table__)
 _UNCLAIMED: Any = object()
 # a claim older than this that its worker never finished is taken over by another worker's claim (a
 # worker on another host that died: this host's dead workers are recovered at the next start)
@@ -59,6 +61,38 @@ class CompiledStatement:
             cursor.close()
 
 
+class BatchMarks:
+    """A recorder's batch numbers, each written in its batch's transaction (table `batches`): after a commit whose
+    acknowledgement was lost (the connection broke), the server says whether that batch was committed."""
+
+    def __init__(self, engine: Engine, insert: Any, run_id: int) -> None:
+        self.engine, self.run_id = engine, run_id
+        self.writer = secrets.token_hex(16)
+        self.sent = 0  # the number of the last batch whose transaction was begun
+        ins = insert(BATCHES).values(writer=self.writer, run_id=run_id, last=bindparam("last"))
+        self._mark = CompiledStatement(ins.on_conflict_do_update(index_elements=[BATCHES.c.writer],
+                                                                 set_=dict(last=ins.excluded.last)), engine.dialect)
+
+    def begin(self) -> None:
+        """A new batch: its number, whether its transaction gets as far as `mark` or not."""
+        self.sent += 1
+
+    def mark(self, conn: Connection) -> None:
+        self._mark.run(conn, [{"last": self.sent}])
+
+    def landed(self) -> bool:
+        """Whether the last batch sent was committed (asked on a connection of its own; raises where the
+        database cannot be asked)."""
+        with self.engine.connect() as c:
+            last = c.execute(select(BATCHES.c.last).where(BATCHES.c.writer == self.writer)).scalar()
+        return last == self.sent
+
+    def forget(self) -> None:
+        """The recorder's end: its row is no longer needed (one left by a killed worker goes with its run)."""
+        with self.engine.begin() as c:
+            c.execute(delete(BATCHES).where(BATCHES.c.writer == self.writer))
+
+
 class EventWrites:
     """What the recorder writes with; its state is the recorder's (`Recorder.__init__` sets it)."""
 
@@ -71,6 +105,7 @@ class EventWrites:
     _taken: dict[int, int]
     _conn: Connection | None
     _lost: set[int]  # id() of the fleet finishes in the batch being written that the fence turned away
+    _batches: BatchMarks | None  # PostgreSQL: each batch's number, written in its transaction
 
     def _connect(self) -> Connection:
         raise NotImplementedError
@@ -150,6 +185,8 @@ class EventWrites:
         if self._conn is None:
             self._conn = self._connect()
         conn = self._conn
+        if self._batches is not None:
+            self._batches.begin()
         with conn.begin():
             if fenced := [e for e in batch if isinstance(e, (Finished, Settled)) and e.ticket is not None]:
                 self._fence(conn, fenced)
@@ -199,6 +236,8 @@ class EventWrites:
                 conn.execute(insert(SAMPLES), samples)
             if restamps:
                 self._hot["restamp"].run(conn, restamps)
+            if self._batches is not None:
+                self._batches.mark(conn)
 
     def _fence(self, conn: Connection, events: list[Finished | Settled]) -> None:
         """Fleet mode: end each event's claim in the queue, where the claim is still this run's at its

@@ -307,9 +307,9 @@ class ProcessPipeline:
         with self._idle:
             self._idle.wait_for(lambda: self._pending < max_pending)
 
-    def recover(self, root: Path) -> set[str]:
-        """The images a dead worker left in flight, one at a time (`recover_in_flight`)."""
-        return recover_in_flight(self._ledger, root, self.submit, self.drain)
+    def recover(self, root: Path, stop: threading.Event | None = None) -> set[str]:
+        """The images a dead worker left in flight, one at a time (`recover_in_flight`), until `stop`."""
+        return recover_in_flight(self._ledger, root, self.submit, self.drain, stop)
 
     def kept(self, rel: str, sig: tuple[int, int]) -> bool:
         """As `Pipeline.kept`, by the (size, mtime_ns) intake saw: an input changed since is submitted
