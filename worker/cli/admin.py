@@ -119,8 +119,9 @@ def models_list(ctx: click.Context) -> None:
         own = card.tflite_path() or path
         source = card.source.package if card.source else f"file {own}"
         origin = "yours" if not entry.bundled else "worker's (yours replaces it)" if entry.shadowed else "worker's"
+        absent = "(not pulled)" if card.source else "(missing: its onnx: file is not there)"
         rows.append({"name": card.name, "task": card.task, "card": origin, "source": source,
-                     "onnx": str(path) if path.exists() else "(not pulled)"})
+                     "onnx": str(path) if path.exists() else absent})
     emit_rows(rows, "table", ["name", "task", "card", "source", "onnx"])
     for e in errors:
         click.echo(f"error: {e}", err=True)
