@@ -166,7 +166,9 @@ def test_ctrl_c_leaves_no_prepare_process_and_no_shared_memory(tmp_path: Path, s
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert proc.returncode == (0 if signals == 1 else 128 + signal.SIGINT)
+    # the second within a second of the first lets the giving back finish: exits 0 if that is done before the
+    # second's deadline, else 130 (worker.cli.signals.GIVE_BACK_S); either way nothing may be left behind
+    assert proc.returncode in ((0,) if signals == 1 else (0, 128 + signal.SIGINT))
     assert wait_for(lambda: not [c for c in children if _alive(c)], 10)
     assert _shm() == shm
     rerun = start(conf, "run", str(tmp_path / "in"), "--no-progress")
