@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 from tests.conftest import ROOT, wait_for
 from tests.support.terminal import on_a_terminal
+from tests.support.slow import slow_outbox_site
 from tests.support.cli import cli_run, config_file
 from worker.cli import cli
 from worker.config import Config
@@ -470,27 +471,13 @@ def test_a_signal_ignored_at_start_stays_ignored(tmp_path: Path, samples: Path, 
     assert "SIGHUP" not in err and "SIGTERM: stopping: finishing" in err
 
 
-SLOW_OUTBOX = """
-import time
-from worker.outputs import outbox
-
-_write = outbox.Outbox.write
-def slow(self, *args, **kwargs):
-    time.sleep(0.5)
-    return _write(self, *args, **kwargs)
-outbox.Outbox.write = slow
-"""
-
-
 @pytest.mark.timeout(120)
 def test_second_signal_exits_at_once_and_next_start_recovers(tmp_path: Path, samples: Path,
                                                             ppocr_onnx: Path) -> None:
     conf = config_file(tmp_path)
     # an outbox on a slow share (each result takes 0.5 s to write): the first Ctrl-C's finishing of what
     # inference has started then takes seconds, which the second arrives well within
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SLOW_OUTBOX)
+    site = slow_outbox_site(tmp_path)
     folder = tmp_path / "in"
     folder.mkdir()
     for i in range(150):  # PP-OCR at 640x640: about 5 s of work here, which a slow test process cannot outwait

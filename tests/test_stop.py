@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import wait_for
+from tests.support.slow import slow_outbox_site
 from tests.support.crash import check_outcome, finished_rows, make_corpus, write_config
 
 N = 400
@@ -26,11 +27,13 @@ def _rows(db: Path) -> list[tuple[str, str, int]]:
         return c.execute("select rel_path, status, attempts from images").fetchall()
 
 
-def _start(conf: Path, *args: str) -> subprocess.Popen:
+def _start(conf: Path, *args: str, slow: bool = False) -> subprocess.Popen:
+    """`worker ARGS` as a process of its own (`slow`: its outbox on a slow share, 0.5 s per result)."""
+    env = {**os.environ, "PYTHONPATH": str(slow_outbox_site(conf.parent))} if slow else None
     # SIGINT's default disposition: a test run started in the background (`pytest &`) ignores it, and the
     # worker rightly keeps an ignored signal ignored
     return subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), *args], cwd=conf.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
@@ -80,13 +83,7 @@ def test_two_ctrl_c_in_quick_succession_still_give_back(tmp_path: Path, samples:
     folder = tmp_path / "in"
     make_corpus(folder, samples, n=N, bad=0)
     db = tmp_path / "worker.db"
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SLOW_OUTBOX)
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
-                             "--no-progress"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(site)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = _start(conf, "run", str(folder), "--no-progress", slow=True)
     assert wait_for(lambda: finished_rows(db) >= 3 or proc.poll() is not None, 120), "it never got going"
     proc.send_signal(signal.SIGINT)
     time.sleep(0.1)  # the second press, as a person's
@@ -116,13 +113,7 @@ def test_a_ctrl_c_while_recovering_from_a_kill_stops_without_recovering_everythi
     proc.communicate(timeout=60)
     left = len([r for r in _rows(db) if r[1] == "processing"])
     assert left > 3, left
-    site = tmp_path / "site"  # an outbox on a slow share: each result takes 0.5 s, so the recovery takes a while
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(SLOW_OUTBOX)
-    proc = subprocess.Popen([sys.executable, "-m", "worker", "--config", str(conf), "run", str(folder),
-                             "--no-progress"], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, "PYTHONPATH": str(site)},
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = _start(conf, "run", str(folder), "--no-progress", slow=True)  # the recovery then takes a while
     assert proc.stderr is not None
     while (line := proc.stderr.readline()) and "were in flight when a worker was killed" not in line:
         pass
@@ -136,14 +127,3 @@ def test_a_ctrl_c_while_recovering_from_a_kill_stops_without_recovering_everythi
     assert again.returncode == 0
     check_outcome(tmp_path, rels)
 
-
-SLOW_OUTBOX = """
-import time
-from worker.outputs import outbox
-
-_write = outbox.Outbox.write
-def slow(self, *args, **kwargs):
-    time.sleep(0.5)
-    return _write(self, *args, **kwargs)
-outbox.Outbox.write = slow
-"""
