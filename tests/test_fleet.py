@@ -322,3 +322,34 @@ def test_a_commit_whose_acknowledgement_is_lost_keeps_its_outputs(cfg, tmp_path:
     assert not missing, f"done with no outputs: {missing}"
     assert caplog.text.count("the database has it: not written again") == 4
     assert "its claim passed to another worker" not in caplog.text
+
+
+def test_a_run_returns_when_the_scanner_died_mid_scan(cfg, tmp_path: Path, samples: Path, url: str,
+                                                      models: Path) -> None:
+    """A run joins and asks for a full scan; the scanner (another host) begins one, then dies before finishing it.
+    The run, scanner once the dead one's lease has passed, saw no scan asked since the last one began and never
+    scanned again: its "folder done" never came (before: it waited for ever). The dead scanner is its row as a
+    host killed mid-scan leaves it (scan begun after the run joined, never finished, lease running out)."""
+    import threading
+
+    from worker.service import run_folder
+
+    make_corpus(tmp_path / "in", samples, n=30, bad=0)
+    c = dataclasses.replace(cfg, db=url, models_dir=models, model="stand-in",
+                            fleet=dataclasses.replace(cfg.fleet, lease_s=3.0, scan_s=0.2, poll_s=0.1))
+    root = str((tmp_path / "in").absolute())
+    rows(url, "INSERT INTO scanners (model, root, leader, lease_until) "
+              "VALUES ('stand-in', %s, 999999, now() + interval '3 seconds') RETURNING leader", root)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(run_folder(c, tmp_path / "in")), name="run")
+    t.start()
+    assert wait_for(lambda: rows(url, "SELECT scan_wanted IS NOT NULL FROM scanners")[0][0], 60)
+    rows(url, "UPDATE scanners SET scan_started = now(), scan_finished = NULL RETURNING leader")  # begun, then dead
+    t.join(90)
+    alive = t.is_alive()
+    if alive:  # leave no thread behind: the run cannot be stopped from here, so its folder is scanned for it
+        rows(url, "UPDATE scanners SET scan_finished = now() + interval '1 hour' RETURNING leader")
+        t.join(60)
+    assert not alive, "the run waited for a scan that no scanner would make"
+    assert out[0].figures["done"] == 30
+    _each_once(url, 30)

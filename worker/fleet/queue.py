@@ -153,8 +153,11 @@ class ClaimQueue:
         return rows[0][0]  # type: ignore[no-any-return]
 
     def scan_wanted(self) -> bool:
-        """Whether a run has asked for a scan since the last one began (or none ever began)."""
-        rows = self.shared.run("SELECT scan_started IS NULL OR scan_wanted >= scan_started FROM scanners "
+        """Whether a run has asked for a scan since the last one began, or none ever began, or the last one never
+        finished (its scanner died or froze mid-scan: the runs waiting for a scan begun after they joined would
+        otherwise wait for ever)."""
+        rows = self.shared.run("SELECT scan_started IS NULL OR scan_wanted >= scan_started OR scan_finished IS NULL "
+                               "OR scan_finished < scan_started FROM scanners "
                                "WHERE model = %(model)s AND root = %(root)s", self._key)
         return bool(rows and rows[0][0])
 
