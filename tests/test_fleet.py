@@ -147,6 +147,13 @@ def test_a_paused_host_late_results_are_discarded(tmp_path: Path, samples: Path,
     after = {p: p.stat().st_mtime_ns for p in (tmp_path / "outbox").rglob("*.json")}
     assert after == outputs  # nothing written by the paused host after its lease passed
     assert len([p for p in after if p.name.endswith(".jpg.json")]) == N and not any(".error." in p.name for p in after)
+    # its summary counts what the database holds of it: its discarded outcomes are not "done" (88 said, 81 held)
+    import re
+
+    said = re.search(r"images \d+: done (\d+)", paused.said())
+    recorded = rows(url, "SELECT coalesce(sum(images), 0) FROM tallies WHERE run_id = %s AND kind = 'outcome' "
+                         "AND key = 'done'", _run_id_of(url, "paused"))[0][0]
+    assert said is not None and int(said[1]) == recorded, (said and said[0], recorded)
 
 
 def test_hosts_of_one_name_and_pid_take_nothing_from_each_other(tmp_path: Path, samples: Path, url: str,

@@ -13,8 +13,8 @@ from typing import Any
 from worker.errors import OutboxFull, WorkerError
 from worker.intake.jobs import Job, JobStatus
 from worker.tasks.results import labels_of, top_score
-from worker.outputs.files import staged
-from worker.store.events import Commit, Finished, Settled
+from worker.outputs.files import Staged, staged
+from worker.store.events import LEASE_LOST, Commit, Finished, Settled
 from worker.pipeline.items import Item, STOP, WAKE
 from worker.pipeline.state import StageState
 
@@ -102,21 +102,39 @@ class FinishStage(StageState):
             if stage is not None:
                 stage.settle(False)
             return JobStatus.QUEUED, None  # waits for room in the outbox
+        status, pages = event.status, item.book.pages if item.book is not None else 1
         if job.ticket is not None and stage is not None:
-            event = dataclasses.replace(event, ticket=job.ticket, committed=Commit(then=stage.settle))
+            def then(recorded: bool, stage: Staged = stage) -> None:  # on the recorder's thread, after the commit
+                stage.settle(recorded)
+                if not recorded:  # its claim passed to another worker (or the database refused it): not counted
+                    self._uncount(status, pages, lost=commit.taken_by == LEASE_LOST)
+            commit = Commit(then=then)
+            event = dataclasses.replace(event, ticket=job.ticket, committed=commit)
         self.recorder.put(event)
         if self.metrics is not None:
             self.metrics.observe(event.timings)
-        status = event.status
+        with self._idle:  # the recorder's thread may take it back (_uncount)
+            if status is JobStatus.DONE:
+                self.counts.done += 1
+                self.counts.pages += pages
+            else:
+                self.counts.failed += 1
         if status is JobStatus.DONE:
-            self.counts.done += 1
             if item.earlier_outbox is not None:
                 self.counts.earlier_outboxes[item.earlier_outbox] += 1
-            self.counts.pages += item.book.pages if item.book is not None else 1
             self.counts.latencies_ms.add(event.timings["total_ms"] if event.timings else 0.0)
-        else:
-            self.counts.failed += 1
         return status, event.committed
+
+    def _uncount(self, status: JobStatus, pages: int, lost: bool) -> None:
+        """An outcome counted as done or failed that is not on record after all (fleet mode: the fence turned it
+        away, its claim having passed to another worker): the summary says what the database holds."""
+        with self._idle:
+            if status is JobStatus.DONE:
+                self.counts.done -= 1
+                self.counts.pages -= pages
+            else:
+                self.counts.failed -= 1
+            self.counts.taken += lost
 
     def _outcome(self, item: Item) -> Finished | None:
         """Write the image's outputs (or its error file) and make its outcome; None when the outbox has no room
