@@ -191,10 +191,10 @@ def health(ctx: click.Context, inbox: Path | None, run_id: int | None, stalled_a
     root = None if run_id is not None else str(cfg.inbox.absolute())
     with database(cfg.db, create=False, read_only=True) as engine:
         h = run_health(engine, run_id=run_id, root=root, stall_s=duration_s(stalled_after))
+        # none on that inbox: the watchers this database knows, named
+        others = other_watchers(engine, duration_s(stalled_after)) if h is None and run_id is None else []
     if h is None:
         what = f"run {run_id}" if run_id is not None else f"watch run on {root}"
-        with database(cfg.db, create=False, read_only=True) as engine:
-            others = other_watchers(engine, duration_s(stalled_after)) if run_id is None else []
         if fmt == "json":
             click.echo(json.dumps({"state": None, "detail": f"no {what} on record",
                                    "watchers": [o.as_dict() | {"inbox": inbox, "host": host}

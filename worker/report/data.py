@@ -13,7 +13,7 @@ from sqlalchemy import BigInteger, Engine, Integer, and_, case, cast, extract, f
 
 from worker.errors import CheckInputError
 from worker.store import tallies
-from worker.store.stats import SCORED, last_seen, replays, run_stats
+from worker.store.stats import SCORED, replays, run_stats
 from worker.store.schema import ImageRow, MemorySample, ResultRow, Run, TimingRow
 
 BUCKETS = 120  # points of a time series at most
@@ -127,7 +127,7 @@ def gather(db: Engine, runs: list[dict[str, Any]], warmup_s: float | None, outbo
     start = min(r["started_at"] for r in runs)
     with db.connect() as c:
         tallied = all(_tallied(c, rid) for rid in ids)
-        ends = {r["id"]: last_seen(c, r) for r in runs}
+        ends = {s["run"]: datetime.fromisoformat(s["ended_at"]) for s in stats}  # `worker stats`' own
         sampled = _bucket(max((max(ends.values()) - start).total_seconds(), 1.0))  # memory's buckets
         bucket = sampled  # the outcomes': only the tallies count every replay of a soak, by the minute
         if tallied and any(replays(r) for r in runs):

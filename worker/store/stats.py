@@ -56,7 +56,7 @@ def run_stats(db: Engine, run_id: int | None = None, last: int = 10, warmup_s: f
         for run in reversed(runs):
             rid = run["id"]
             outcomes = tallies.tallied(c, [rid], span)
-            facts: dict[str, Any] = {**run, "ended_at": last_seen(c, run)}
+            facts: dict[str, Any] = {**run, "ended_at": _last_seen(c, run)}
             warm = run_warmup(run) if warmup_s is None else warmup_s
             if outcomes > tallied_above or (outcomes and replays(run)):
                 counts = {**tallies.outcomes(c, [rid], span), **_in_flight(c, rid, window)}
@@ -83,7 +83,7 @@ def run_warmup(run: Any) -> float:
     return float(value) if isinstance(value, (int, float)) and value >= 0 else 60.0
 
 
-def last_seen(c: Any, run: Any) -> datetime:
+def _last_seen(c: Any, run: Any) -> datetime:
     """When a run ended: when it finished, else (killed, or still running) the last sign of it: its heartbeat,
     its last memory sample or its last outcome (read within the last minute its tallies have, where it has them:
     by the index on time, not by every row of a long run)."""
@@ -333,6 +333,8 @@ def _one_run(run: dict[str, Any], counts: dict[str, int], latency: _Latency, sam
                                                                   [m for _, m in gpu_steady]), 3))
     return {"run": run["id"], "mode": run["mode"], "model": run["model"], "providers": run["providers"],
             "started_at": start.isoformat(), "finished_at": end.isoformat() if end else None,
+            # when it ended: finished, else (killed, or still running) its last sign of life (`_last_seen`)
+            "ended_at": run["ended_at"].isoformat() if run.get("ended_at") else None,
             "window": {"since": window.since.isoformat() if window.since else None,
                        "until": window.until.isoformat() if window.until else None},
             "counts": counts, "images_per_s": round(processed / span, 2) if span else None,
